@@ -1,0 +1,1 @@
+"""arbench: linear-attention feature maps benchmarked on multi-query associative recall."""

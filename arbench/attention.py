@@ -1,0 +1,118 @@
+"""Causal linear attention in three equivalent forms, and the softmax reference.
+
+With query features f_i, key features g_j and values v_j::
+
+    y_i = Σ_{j≤i} (f_i·g_j) v_j / den_i,      den_i = Σ_{j≤i} f_i·g_j
+
+The three forms share one trick: the denominator is the last output column of the same
+computation run on ``[v, 1]``, so every form computes numerator and denominator together.
+
+Denominator (``normalize``):
+
+- ``True`` / ``"signed"``: den is pushed away from zero keeping its sign,
+  ``den ← sign(den)·max(|den|, eps)`` (sign(0) = +1). Signed features (LLoPS with odd products,
+  no squaring) can make den cross zero; this bounds ``|y| ≤ |num| / eps`` so no Inf/NaN appears.
+- ``"abs"``: ``den ← max(|den|, eps)``: the magnitude only.
+- ``False`` / ``"none"``: no denominator (pair it with an output norm in the mixer).
+
+State and denominator are accumulated in float32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("quadratic", "recurrent", "chunked")
+NORMALIZE = ("signed", "abs", "none")
+
+
+def normalize_option(normalize: bool | str) -> str:
+    """Map ``True``/``False``/a name to one of ``NORMALIZE``; raise ``ValueError`` otherwise."""
+    if normalize is True:
+        return "signed"
+    if normalize is False:
+        return "none"
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize must be True, False or one of {NORMALIZE}, got {normalize!r}")
+    return normalize
+
+
+def safe_denominator(den: torch.Tensor, eps: float, how: str) -> torch.Tensor:
+    """Keep ``den`` at least ``eps`` away from zero: ``"signed"`` keeps the sign, ``"abs"`` not."""
+    if how == "abs":
+        return den.abs().clamp_min(eps)
+    return torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
+
+
+def _quadratic(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    n = f.shape[-2]
+    scores = f @ g.transpose(-1, -2)  # (b, h, n, n)
+    causal = torch.ones(n, n, dtype=torch.bool, device=f.device).tril()
+    return scores.masked_fill(~causal, 0.0) @ v
+
+
+def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    state = f.new_zeros(*f.shape[:-2], f.shape[-1], v.shape[-1])  # (b, h, m, dv)
+    outs = []
+    for i in range(f.shape[-2]):
+        state = state + g[..., i, :, None] * v[..., i, None, :]
+        outs.append((f[..., i, None, :] @ state).squeeze(-2))
+    return torch.stack(outs, dim=-2)
+
+
+def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    *lead, n, m = f.shape
+    dv = v.shape[-1]
+    c = min(chunk_size, n)
+    pad = (-n) % c
+    if pad:  # zero features add nothing to the state; padded outputs are dropped
+        f, g, v = (F.pad(t, (0, 0, 0, pad)) for t in (f, g, v))
+    nc = (n + pad) // c
+    fc, gc, vc = f.unflatten(-2, (nc, c)), g.unflatten(-2, (nc, c)), v.unflatten(-2, (nc, c))
+    causal = torch.ones(c, c, dtype=torch.bool, device=f.device).tril()
+    intra = (fc @ gc.transpose(-1, -2)).masked_fill(~causal, 0.0) @ vc  # (..., nc, c, dv)
+    chunk_kv = gc.transpose(-1, -2) @ vc  # (..., nc, m, dv)
+    state = chunk_kv.cumsum(dim=-3)
+    prev = torch.cat([torch.zeros_like(state[..., :1, :, :]), state[..., :-1, :, :]], dim=-3)
+    out = intra + fc @ prev
+    return out.flatten(-3, -2)[..., :n, :].reshape(*lead, n, dv)
+
+
+_FORMS = {"quadratic": _quadratic, "recurrent": _recurrent, "chunked": _chunked}
+
+
+def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode: str = "chunked",
+                     chunk_size: int = 64, normalize: bool | str = True,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """Causal linear attention.
+
+    ``f, g``: ``(batch, heads, seq, m)``; ``v``: ``(batch, heads, seq, dv)``;
+    returns ``(batch, heads, seq, dv)`` in ``v``'s dtype.
+    """
+    if mode not in _FORMS:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    how = normalize_option(normalize)
+    if f.shape != g.shape or f.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"shape mismatch: f {tuple(f.shape)}, g {tuple(g.shape)}, "
+                         f"v {tuple(v.shape)}; expected f, g (b, h, n, m) and v (b, h, n, dv)")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    out_dtype = v.dtype
+    f, g, v = f.float(), g.float(), v.float()
+    if how != "none":
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    out = _FORMS[mode](f, g, v, chunk_size)
+    if how != "none":
+        out = out[..., :-1] / safe_denominator(out[..., -1:], eps, how)
+    return out.to(out_dtype)
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      scale: float | None = None) -> torch.Tensor:
+    """Causal softmax attention via ``scaled_dot_product_attention``; ``(b, h, n, d)`` in and out."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

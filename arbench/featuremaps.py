@@ -1,0 +1,179 @@
+"""Feature maps φ: ``(..., head_dim) -> (..., feature_dim)`` for linear attention.
+
+Each map is an ``nn.Module`` with a ``feature_dim`` attribute and ``hparams()`` (the numbers a
+sweep or a table reports). Queries and keys always get separate instances.
+
+Initialisation of the sketch-type maps (LLoPS, Flatten, PolySketch): every entry of a projection
+Θ is drawn from N(0, σ²) with ``σ² = (t·m)^(-1/p) / temperature``. Then, over random Θ,
+
+    E[φ(q)·φ(k)] = (q·k / temperature)^p     and    Var ≈ O(3^p / (t·m)) · (|q||k|/temperature)^(2p),
+
+i.e. the map starts as an unbiased sketch of the polynomial kernel. The learned maps use
+``temperature = head_dim`` so that ``φ(q)·φ(k) = O(1)`` at init for inputs with unit-variance
+coordinates, for every p (checked up to p = 8 in the tests); PolySketch uses ``temperature = 1``,
+the sketch of (q·k)^p itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _require_int(name: str, value: int, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def sketch_std(m: int, p: int, rank: int, temperature: float) -> float:
+    """Entry std of Θ making φ(q)·φ(k) an unbiased sketch of ``(q·k / temperature)^p``."""
+    return math.sqrt((rank * m) ** (-1.0 / p) / temperature)
+
+
+class FeatureMap(nn.Module):
+    """Base class: maps ``(..., head_dim)`` to ``(..., feature_dim)``."""
+
+    head_dim: int
+    feature_dim: int
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        """Hyperparameters to report (feature map name, m, p, rank, ...)."""
+        return {"feature_map": type(self).__name__, "m": self.feature_dim}
+
+
+def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Σ_r Π_j x Θ_{j,r} with ``theta`` of shape ``(rank, p, d, m)``.
+
+    One matmul of x against all ``rank·p`` projections concatenated, then a product over p and
+    a sum over rank. ``x``: ``(..., d)``; returns ``(..., m)``.
+    """
+    rank, p, d, m = theta.shape
+    proj = x @ theta.permute(2, 0, 1, 3).reshape(d, rank * p * m)  # (..., rank*p*m)
+    proj = proj.unflatten(-1, (rank, p, m))
+    out = proj[..., 0, :]
+    for j in range(1, p):
+        out = out * proj[..., j, :]
+    return out.sum(dim=-2)
+
+
+class LLoPS(FeatureMap):
+    """Learnable low-rank polynomial sketch: φ(x) = Σ_{r=1..t} Π_{j=1..p} x Θ_{j,r}.
+
+    ``theta``: ``(rank, p, head_dim, m)``. Equals ψ_p(x) Ŵ with Ŵ = Σ_r Θ_{1,r} ⊙ … ⊙ Θ_{p,r}
+    (column-wise Kronecker product) without building the ``d^p`` expansion. ``square=True``
+    returns φ(x)² elementwise (non-negative features, a kernel of degree 2p).
+    """
+
+    def __init__(self, head_dim: int, m: int = 256, p: int = 4, rank: int = 1,
+                 square: bool = False, temperature: float | None = None):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.m = _require_int("m", m)
+        self.p = _require_int("p", p)
+        self.rank = _require_int("rank", rank)
+        self.square = bool(square)
+        self.feature_dim = m
+        temp = float(head_dim if temperature is None else temperature)
+        std = sketch_std(m, p, rank, temp)
+        self.theta = nn.Parameter(torch.randn(rank, p, head_dim, m) * std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cp_polynomial(x, self.theta)
+        return out * out if self.square else out
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "LLoPS", "m": self.m, "p": self.p, "rank": self.rank,
+                "square": self.square}
+
+
+class Flatten(FeatureMap):
+    """Elementwise polynomial (Flatten Transformer): φ(x) = (x Θ)^p with one shared ``theta``.
+
+    ``theta``: ``(head_dim, m)``. LLoPS with rank 1 and all Θ_j equal.
+    """
+
+    def __init__(self, head_dim: int, m: int = 256, p: int = 4,
+                 temperature: float | None = None):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.m = _require_int("m", m)
+        self.p = _require_int("p", p)
+        self.feature_dim = m
+        temp = float(head_dim if temperature is None else temperature)
+        self.theta = nn.Parameter(torch.randn(head_dim, m) * sketch_std(m, p, 1, temp))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.theta).pow(self.p)
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "Flatten", "m": self.m, "p": self.p, "rank": 1}
+
+
+class Based(FeatureMap):
+    """BASED 2nd-order Taylor features of a learned projection x̃ = x W ∈ R^r.
+
+    φ(x) = [1, x̃ / r^{1/4}, vec(x̃ x̃ᵀ) / (√2·√r)], so φ(q)·φ(k) = 1 + s + s²/2 with
+    s = q̃·k̃ / √r. ``feature_dim = 1 + r + r²`` (273 for r = 16).
+    """
+
+    def __init__(self, head_dim: int, r: int = 16):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.r = _require_int("r", r)
+        self.feature_dim = 1 + r + r * r
+        self.proj = nn.Linear(head_dim, r, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xt = self.proj(x)
+        r = self.r
+        first = xt / r ** 0.25
+        second = (xt.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2) / math.sqrt(2.0 * r)
+        ones = torch.ones_like(xt[..., :1])
+        return torch.cat([ones, first, second], dim=-1)
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "Based", "m": self.feature_dim, "r": self.r, "p": 2, "rank": 1}
+
+
+class PolySketch(FeatureMap):
+    """PolySketchFormer's data-independent sketch: φ(x) = Π_j x G_j with fixed Gaussian G_j.
+
+    ``sketch``: buffer ``(1, p, head_dim, m)``, drawn from a generator seeded by ``seed`` (not
+    trained, identical for equal seeds). Unbiased for ``(q·k / temperature)^p`` (default 1).
+    """
+
+    def __init__(self, head_dim: int, m: int = 256, p: int = 4, seed: int = 0,
+                 temperature: float = 1.0):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.m = _require_int("m", m)
+        self.p = _require_int("p", p)
+        self.seed = int(seed)
+        self.feature_dim = m
+        gen = torch.Generator().manual_seed(self.seed)
+        sketch = torch.randn(1, p, head_dim, m, generator=gen) * sketch_std(m, p, 1, temperature)
+        self.register_buffer("sketch", sketch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cp_polynomial(x, self.sketch.to(x.dtype))
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "PolySketch", "m": self.m, "p": self.p, "rank": 1}
+
+
+class EluPlusOne(FeatureMap):
+    """φ(x) = elu(x) + 1 (Katharopoulos et al.); ``feature_dim = head_dim``, no parameters."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.feature_dim = head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.elu(x) + 1.0
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "EluPlusOne", "m": self.feature_dim}

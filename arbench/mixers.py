@@ -1,0 +1,138 @@
+"""Sequence mixers: ``(batch, seq, d_model) -> (batch, seq, d_model)``, causal.
+
+Each mixer also reports ``state_size(seq_len)``: floats of recurrent state it carries per layer
+when generating (m·dv·heads for linear attention; the KV cache for softmax; the conv window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
+from arbench.featuremaps import FeatureMap
+
+FeatureMapFactory = Callable[[int], FeatureMap]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``(b, n, h·dh) -> (b, h, n, dh)``."""
+    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``(b, h, n, dh) -> (b, n, h·dh)``."""
+    return x.transpose(1, 2).flatten(-2)
+
+
+def check_heads(d_model: int, num_heads: int) -> int:
+    """Return ``head_dim``; raise ``ValueError`` unless ``num_heads`` divides ``d_model``."""
+    if num_heads < 1 or d_model < 1 or d_model % num_heads:
+        raise ValueError(f"d_model={d_model} must be a positive multiple of num_heads={num_heads}")
+    return d_model // num_heads
+
+
+class LinearAttention(nn.Module):
+    """Multi-head causal linear attention with separate query and key feature maps.
+
+    ``feature_map(head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
+    RMSNorm to the attention output; by default it is on exactly when there is no denominator.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
+                 normalize: bool | str = True, output_norm: bool | None = None,
+                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(d_model, num_heads)
+        if mode not in MODES:
+            raise ValueError(f"attention mode must be one of {MODES}, got {mode!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.normalize = normalize_option(normalize)
+        self.mode, self.chunk_size, self.eps = mode, chunk_size, eps
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.phi_q = feature_map(self.head_dim)
+        self.phi_k = feature_map(self.head_dim)
+        if not isinstance(self.phi_q, nn.Module) or not hasattr(self.phi_q, "feature_dim"):
+            raise ValueError("feature_map must build an nn.Module with a feature_dim attribute")
+        use_norm = self.normalize == "none" if output_norm is None else output_norm
+        self.norm = nn.RMSNorm(self.head_dim) if use_norm else nn.Identity()
+
+    @property
+    def feature_dim(self) -> int:
+        return self.phi_q.feature_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        y = linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
+                             chunk_size=self.chunk_size, normalize=self.normalize, eps=self.eps)
+        return self.out(merge_heads(self.norm(y)))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.feature_dim * self.head_dim * self.num_heads
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {**self.phi_q.hparams(), "normalize": self.normalize}
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head causal softmax attention (``scaled_dot_product_attention``)."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(d_model, num_heads)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values, each ``(b, h, n, head_dim)``."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return split_heads(q, self.num_heads), split_heads(k, self.num_heads), \
+            split_heads(v, self.num_heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(merge_heads(softmax_attention(*self.qkv_heads(x))))
+
+    def state_size(self, seq_len: int) -> int:
+        return 2 * seq_len * self.head_dim * self.num_heads  # the KV cache
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "softmax"}
+
+
+class ShortConv(nn.Module):
+    """Gated short convolution: ``out(conv(in(x)) * gate(x))``, causal depthwise, kernel 3."""
+
+    def __init__(self, d_model: int, kernel_size: int = 3):
+        super().__init__()
+        if kernel_size < 1:
+            raise ValueError(f"conv kernel_size must be >= 1, got {kernel_size}")
+        self.kernel_size = kernel_size
+        self.d_model = d_model
+        self.inp = nn.Linear(d_model, d_model)
+        self.gate = nn.Linear(d_model, d_model)
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model,
+                              padding=kernel_size - 1)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        u = self.conv(self.inp(x).transpose(1, 2))[..., :n].transpose(1, 2)
+        return self.out(u * self.gate(x))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.kernel_size * self.d_model
+
+
+def mlp(d_model: int, expand: int = 4) -> nn.Module:
+    """A GELU MLP ``d_model -> expand·d_model -> d_model``."""
+    return nn.Sequential(nn.Linear(d_model, expand * d_model), nn.GELU(),
+                         nn.Linear(expand * d_model, d_model))
+
+
+__all__ = ["FeatureMapFactory", "LinearAttention", "ShortConv", "SoftmaxAttention", "mlp"]

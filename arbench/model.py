@@ -1,0 +1,119 @@
+"""The recall model: embedding, pre-norm residual mixer blocks, final norm, tied LM head.
+
+The default is the BASED recipe of the MQAR literature: 2 layers, no MLP, no positional
+embedding; layer 0 a gated short convolution, layer 1 the attention mixer. Layer i takes entry
+``i mod len(mixers)`` of the ``mixers`` list, whose names are:
+
+- ``"conv"``: gated causal depthwise convolution (kernel ``conv_kernel``);
+- ``"linear"``: linear attention with ``feature_map`` (required then);
+- ``"softmax"``: softmax attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from arbench.data.mqar import IGNORE_INDEX
+from arbench.mixers import FeatureMapFactory, LinearAttention, ShortConv, SoftmaxAttention, mlp
+
+MIXER_NAMES = ("conv", "linear", "softmax")
+
+
+class Block(nn.Module):
+    """``x + mixer(norm(x))``, then optionally ``x + mlp(norm(x))``; ``(b, n, d_model)``."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.mixer = mixer
+        self.mlp_norm = nn.LayerNorm(d_model) if use_mlp else None
+        self.mlp = mlp(d_model) if use_mlp else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(self.norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.mlp_norm(x))
+        return x
+
+
+class RecallModel(nn.Module):
+    """Token embedding → ``n_layers`` blocks → final LayerNorm → LM head (tied by default)."""
+
+    def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
+                 mixers: list[str] | tuple[str, ...] = ("conv", "linear"), num_heads: int = 1,
+                 feature_map: FeatureMapFactory | None = None, normalize: bool | str = True,
+                 output_norm: bool | None = None, chunk_size: int = 64,
+                 attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
+                 tie_embeddings: bool = True):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
+                            ("n_layers", n_layers), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        mixers = list(mixers)
+        if not mixers or any(m not in MIXER_NAMES for m in mixers):
+            raise ValueError(f"mixers must be a non-empty list of {MIXER_NAMES}, got {mixers!r}")
+        if "linear" in mixers and feature_map is None:
+            raise ValueError("mixers include 'linear' but no feature_map was given")
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.mixer_names = [mixers[i % len(mixers)] for i in range(n_layers)]
+
+        def build(name: str) -> nn.Module:
+            if name == "conv":
+                return ShortConv(d_model, conv_kernel)
+            if name == "softmax":
+                return SoftmaxAttention(d_model, num_heads)
+            return LinearAttention(d_model, num_heads, feature_map, normalize=normalize,
+                                   output_norm=output_norm, chunk_size=chunk_size,
+                                   mode=attention_mode)
+
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(build(n), d_model, use_mlp) for n in self.mixer_names)
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Final normalised hidden states ``(b, n, d_model)`` of ``input_ids`` ``(b, n)``."""
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.final_norm(x)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits at every position, ``(b, n, vocab_size)`` (inference)."""
+        return self.head(self.hidden(input_ids))
+
+    def answer_logits(self, input_ids: torch.Tensor,
+                      labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits only where ``labels != IGNORE_INDEX`` (the training path).
+
+        Returns ``(logits (k, vocab), targets (k,), row (k,))`` for the k scored positions;
+        ``row`` is the example each position belongs to.
+        """
+        hidden = self.hidden(input_ids)
+        mask = labels != IGNORE_INDEX
+        rows = mask.nonzero(as_tuple=True)[0]
+        return self.head(hidden[mask]), labels[mask], rows
+
+    def loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over answer positions."""
+        logits, targets, _ = self.answer_logits(input_ids, labels)
+        return F.cross_entropy(logits.float(), targets)
+
+    def state_size(self, seq_len: int) -> int:
+        """Floats of recurrent state over all layers when generating ``seq_len`` tokens."""
+        return sum(b.mixer.state_size(seq_len) for b in self.blocks)
+
+    def attention_hparams(self) -> dict[str, float | int | str | bool]:
+        """Hyperparameters of the first attention layer (feature map, m, p, rank, ...)."""
+        for block in self.blocks:
+            if hasattr(block.mixer, "hparams"):
+                return block.mixer.hparams()
+        return {"feature_map": "none"}
