@@ -3,15 +3,15 @@
 Each map is an ``nn.Module`` with a ``feature_dim`` attribute and ``hparams()`` (the numbers a
 sweep or a table reports). Queries and keys always get separate instances.
 
-Initialisation of the sketch-type maps (LLoPS, Flatten, PolySketch): every entry of a projection
-Θ is drawn from N(0, σ²) with ``σ² = (t·m)^(-1/p) / temperature``. Then, over random Θ,
+Initialisation of the projections Θ (entries N(0, σ²)), two choices:
 
-    E[φ(q)·φ(k)] = (q·k / temperature)^p     and    Var ≈ O(3^p / (t·m)) · (|q||k|/temperature)^(2p),
-
-i.e. the map starts as an unbiased sketch of the polynomial kernel. The learned maps use
-``temperature = head_dim`` so that ``φ(q)·φ(k) = O(1)`` at init for inputs with unit-variance
-coordinates, for every p (checked up to p = 8 in the tests); PolySketch uses ``temperature = 1``,
-the sketch of (q·k)^p itself.
+- ``temperature=None`` (default of the learned maps LLoPS, Flatten): variance-preserving,
+  ``σ² = (t²·m)^(-1/(2p)) / head_dim``. For inputs with unit-variance coordinates every
+  projection x Θ_j has variance (t²·m)^(-1/(2p)), each feature variance m^(-1/2), and
+  φ(q)·φ(k) has standard deviation ≈ 1 at init, whatever p (checked up to p = 8 in the tests).
+- ``temperature=τ`` (PolySketch's default, τ = 1): an unbiased sketch,
+  ``σ² = (t·m)^(-1/p) / τ``, so E[φ(q)·φ(k)] = (q·k / τ)^p over random Θ. Its variance grows like
+  (|q||k|/τ)^(2p) / (t·m): fine for a sketch of (q·k)^p, too wide to train from at large p.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ def _require_int(name: str, value: int, minimum: int = 1) -> int:
     return value
 
 
-def sketch_std(m: int, p: int, rank: int, temperature: float) -> float:
-    """Entry std of Θ making φ(q)·φ(k) an unbiased sketch of ``(q·k / temperature)^p``."""
+def sketch_std(head_dim: int, m: int, p: int, rank: int, temperature: float | None) -> float:
+    """Entry std of Θ: variance-preserving when ``temperature`` is None, else an unbiased sketch
+    of ``(q·k / temperature)^p`` (see the module docstring)."""
+    if temperature is None:
+        return math.sqrt((rank * rank * m) ** (-0.5 / p) / head_dim)
     return math.sqrt((rank * m) ** (-1.0 / p) / temperature)
 
 
@@ -47,16 +50,27 @@ class FeatureMap(nn.Module):
 def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """Σ_r Π_j x Θ_{j,r} with ``theta`` of shape ``(rank, p, d, m)``.
 
-    One matmul of x against all ``rank·p`` projections concatenated, then a product over p and
-    a sum over rank. ``x``: ``(..., d)``; returns ``(..., m)``.
+    One matmul of x against all ``rank·p`` projections concatenated (factor-major, so factor j
+    of every rank is one contiguous block of ``rank·m`` columns), then a product over p and a
+    sum over rank. The factors are taken with ``unbind`` (one gradient ``stack`` in backward,
+    not p zero-filled copies) and multiplied in place when no gradient is needed.
+    ``x``: ``(..., d)``; returns ``(..., m)``.
     """
     rank, p, d, m = theta.shape
-    proj = x @ theta.permute(2, 0, 1, 3).reshape(d, rank * p * m)  # (..., rank*p*m)
-    proj = proj.unflatten(-1, (rank, p, m))
-    out = proj[..., 0, :]
-    for j in range(1, p):
-        out = out * proj[..., j, :]
-    return out.sum(dim=-2)
+    proj = x @ theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (..., p*rank*m)
+    factors = proj.unflatten(-1, (p, rank * m)).unbind(dim=-2)
+    if p == 1:
+        out = factors[0]
+    elif torch.is_grad_enabled() and (x.requires_grad or theta.requires_grad):
+        out = factors[0] * factors[1]
+        for factor in factors[2:]:
+            out = out * factor
+    else:
+        out = torch.mul(factors[0], factors[1])
+        for factor in factors[2:]:
+            out.mul_(factor)
+    out = out.unflatten(-1, (rank, m))
+    return out.squeeze(-2) if rank == 1 else out.sum(dim=-2)
 
 
 class LLoPS(FeatureMap):
@@ -76,8 +90,7 @@ class LLoPS(FeatureMap):
         self.rank = _require_int("rank", rank)
         self.square = bool(square)
         self.feature_dim = m
-        temp = float(head_dim if temperature is None else temperature)
-        std = sketch_std(m, p, rank, temp)
+        std = sketch_std(head_dim, m, p, rank, temperature)
         self.theta = nn.Parameter(torch.randn(rank, p, head_dim, m) * std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,8 +115,8 @@ class Flatten(FeatureMap):
         self.m = _require_int("m", m)
         self.p = _require_int("p", p)
         self.feature_dim = m
-        temp = float(head_dim if temperature is None else temperature)
-        self.theta = nn.Parameter(torch.randn(head_dim, m) * sketch_std(m, p, 1, temp))
+        std = sketch_std(head_dim, m, p, 1, temperature)
+        self.theta = nn.Parameter(torch.randn(head_dim, m) * std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x @ self.theta).pow(self.p)
@@ -154,7 +167,8 @@ class PolySketch(FeatureMap):
         self.seed = int(seed)
         self.feature_dim = m
         gen = torch.Generator().manual_seed(self.seed)
-        sketch = torch.randn(1, p, head_dim, m, generator=gen) * sketch_std(m, p, 1, temperature)
+        std = sketch_std(head_dim, m, p, 1, temperature)
+        sketch = torch.randn(1, p, head_dim, m, generator=gen) * std
         self.register_buffer("sketch", sketch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -39,10 +39,15 @@ class LinearAttention(nn.Module):
 
     ``feature_map(head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
     RMSNorm to the attention output; by default it is on exactly when there is no denominator.
+
+    The default is no denominator plus the output RMSNorm: with signed features (LLoPS) the
+    denominator Σ f·g can cross zero, and in calibration runs a p=4 model with the sign-safe
+    denominator stayed near chance long after the output-norm variant learned the task;
+    ``sweeps/normalize.yaml`` compares the choices.
     """
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
-                 normalize: bool | str = True, output_norm: bool | None = None,
+                 normalize: bool | str = False, output_norm: bool | None = None,
                  chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads

@@ -43,7 +43,7 @@ class RecallModel(nn.Module):
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
                  mixers: list[str] | tuple[str, ...] = ("conv", "linear"), num_heads: int = 1,
-                 feature_map: FeatureMapFactory | None = None, normalize: bool | str = True,
+                 feature_map: FeatureMapFactory | None = None, normalize: bool | str = False,
                  output_norm: bool | None = None, chunk_size: int = 64,
                  attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
                  tie_embeddings: bool = True):

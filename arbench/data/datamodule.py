@@ -1,0 +1,139 @@
+"""LightningDataModule: the train mixture and the test slices of MQAR, built from YAML."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from arbench.data.mqar import validate_mqar_args
+from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
+
+
+class ShardSampler(Sampler[int]):
+    """Items ``rank, rank + world, ...`` (optionally in a per-epoch seeded order), no padding.
+
+    Evaluation shards this way so every example counts exactly once across processes; training
+    uses ``pad=True`` so every rank takes the same number of steps (DDP needs it).
+    """
+
+    def __init__(self, length: int, rank: int, world: int, shuffle: bool, seed: int,
+                 pad: bool):
+        self.length, self.rank, self.world = length, rank, world
+        self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.length, generator=gen).tolist()
+        else:
+            order = list(range(self.length))
+        if self.pad and self.length % self.world:
+            order += order[: self.world - self.length % self.world]
+        return order
+
+    def __iter__(self):
+        return iter(self._order()[self.rank::self.world])
+
+    def __len__(self) -> int:
+        return len(self._order()[self.rank::self.world])
+
+
+def _as_segments(name: str, segments: list[Segment], vocab_size: int, power_a: float) -> None:
+    if not segments:
+        raise ValueError(f"data.{name} must list at least one segment")
+    for i, seg in enumerate(segments):
+        try:
+            validate_mqar_args(seg.num_examples, seg.seq_len, seg.num_kv_pairs, vocab_size,
+                               power_a)
+        except ValueError as err:
+            raise ValueError(f"data.{name}[{i}]: {err}") from None
+
+
+class MQARDataModule(L.LightningDataModule):
+    """Train mixture and test slices (also used for validation), generated once per seed.
+
+    ``cache_dir`` (optional) stores generated tensors on disk keyed by a hash of every
+    generator argument, so later runs with the same data skip generation.
+    """
+
+    def __init__(self, vocab_size: int = 8192, train_segments: list[Segment] | None = None,
+                 test_segments: list[Segment] | None = None, batch_size: int = 64,
+                 eval_batch_size: int = 256, seed: int = 0, power_a: float = 0.01,
+                 random_non_queries: bool = True, cache_dir: str | None = None):
+        super().__init__()
+        train_segments = train_segments or [Segment(64, 4, 10_000)]
+        test_segments = test_segments or [Segment(64, 4, 1_000)]
+        for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
+                            ("eval_batch_size", eval_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
+        _as_segments("train_segments", train_segments, vocab_size, power_a)
+        _as_segments("test_segments", test_segments, vocab_size, power_a)
+        self.vocab_size = vocab_size
+        self.train_segments, self.test_segments = list(train_segments), list(test_segments)
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.seed, self.power_a, self.random_non_queries = int(seed), power_a, random_non_queries
+        self.cache_dir = cache_dir
+        self._train: SegmentBatches | None = None
+        self._test: SegmentBatches | None = None
+
+    @property
+    def slice_names(self) -> list[str]:
+        return [s.name for s in self.test_segments]
+
+    def _generate(self, segments: list[Segment], split: str) -> list[SegmentData]:
+        args = dict(segments=[vars(s) for s in segments], vocab_size=self.vocab_size,
+                    seed=self.seed, split=split, power_a=self.power_a,
+                    random_non_queries=self.random_non_queries, version=1)
+        path = None
+        if self.cache_dir:
+            key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+            path = Path(self.cache_dir) / f"mqar-{split}-{key}.pt"
+            if path.exists():
+                stored = torch.load(path)
+                return [SegmentData(seg, x, y) for seg, (x, y) in zip(segments, stored)]
+        data = generate_segments(segments, self.vocab_size, self.seed, split, self.power_a,
+                                 self.random_non_queries)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save([(d.inputs, d.labels) for d in data], tmp)
+            os.replace(tmp, path)  # atomic: a crash never leaves a half-written cache file
+        return data
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._test is None:
+            self._test = SegmentBatches(self._generate(self.test_segments, "test"),
+                                        self.eval_batch_size)
+        if stage in (None, "fit") and self._train is None:
+            self._train = SegmentBatches(self._generate(self.train_segments, "train"),
+                                         self.batch_size, shuffle_seed=self.seed)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _loader(self, ds: SegmentBatches, train: bool) -> DataLoader:
+        rank, world = self._world()
+        sampler = ShardSampler(len(ds), rank, world, shuffle=train, seed=self.seed, pad=train)
+        return DataLoader(ds, batch_size=None, sampler=sampler)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self._train, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._test, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self._test, train=False)

@@ -1,0 +1,79 @@
+"""``RunSummary``: writes ``<log_dir>/summary.json`` after every validation and at fit end.
+
+The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
+objective), per-slice accuracies at the best validation, step, wall time, state size, parameter
+count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class RunSummary(Callback):
+    """Keeps the best validation's metrics and writes them with the run's metadata."""
+
+    def __init__(self, filename: str = "summary.json"):
+        self.filename = filename
+        self.best: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.start = time.time()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.time()
+
+    def _path(self, trainer: L.Trainer) -> Path | None:
+        if trainer.log_dir is None or not trainer.is_global_zero:
+            return None
+        return Path(trainer.log_dir) / self.filename
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                   if k.startswith("val/acc")}
+        if "val/acc" not in metrics:
+            return
+        metrics["step"] = float(trainer.global_step)
+        self.last = metrics
+        if not self.best or metrics["val/acc"] > self.best["val/acc"]:
+            self.best = metrics
+        self.write(trainer, pl_module, finished=False)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module, finished=True)
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, finished: bool) -> None:
+        path = self._path(trainer)
+        if path is None:
+            return
+        ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+        hp = pl_module.hparams_for_logging() if hasattr(pl_module, "hparams_for_logging") else {}
+        write_json_atomic(path, {
+            "finished": finished,
+            "val_acc": self.best.get("val/acc"),
+            "last_val_acc": self.last.get("val/acc"),
+            "best_step": self.best.get("step"),
+            "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
+                       if k.startswith("val/acc_")},
+            "global_step": trainer.global_step,
+            "wall_time_s": time.time() - self.start,
+            "hparams": hp,
+            "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,
+            "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
+            "log_dir": trainer.log_dir,
+        })

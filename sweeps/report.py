@@ -1,0 +1,163 @@
+"""Sweep tables and plots: mean ± std over seeds at each point's best learning rate.
+
+A *point* is a trial's grid values less ``seed_everything`` and ``model.lr``. For every point
+and lr, accuracy is averaged over seeds; the lr with the best mean is the point's best lr, and
+the row reports mean ± std (sample std, n seeds) there, per-slice means, state size and the
+paper's value where one matches (``sweeps.paper``).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeps.paper import paper_value
+from sweeps.spec import SweepSpec
+
+VARYING = ("seed_everything", "model.lr")
+
+
+def count_states(study_name: str, storage: Any) -> dict[str, int]:
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    counts = Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False))
+    return {k: counts.get(k, 0) for k in ("complete", "running", "waiting", "fail", "pruned")}
+
+
+def status_lines(storage: Any) -> list[str]:
+    lines = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if "::grid::" in summary.study_name:
+            continue
+        counts = count_states(summary.study_name, storage)
+        lines.append(f"{summary.study_name:<24} " + "  ".join(f"{k} {v}" for k, v in
+                                                               counts.items()))
+    return lines or ["no studies"]
+
+
+def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
+    """One row per point at its best lr."""
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    by_point: dict[tuple, dict[float, list[optuna.trial.FrozenTrial]]] = defaultdict(
+        lambda: defaultdict(list))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        point = tuple(sorted((k, str(v)) for k, v in t.params.items() if k not in VARYING))
+        by_point[point][t.params.get("model.lr", 0.0)].append(t)
+    sign = 1 if spec.direction == "maximize" else -1
+    out = []
+    for point, by_lr in by_point.items():
+        best_lr = max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
+        trials = by_lr[best_lr]
+        values = [t.value for t in trials]
+        hp = dict(trials[0].user_attrs.get("hparams") or {})
+        slices: dict[str, list[float]] = defaultdict(list)
+        for t in trials:
+            for name, acc in (t.user_attrs.get("slices") or {}).items():
+                slices[name].append(acc)
+        out.append({
+            "point": dict(point), "hparams": hp, "best_lr": best_lr,
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
+            "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
+            "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
+            "paper": paper_value(hp),
+            "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
+                               for t in ts),
+        })
+    order = ("feature_map", "p", "rank", "m", "r", "d_model")
+    out.sort(key=lambda r: tuple(str(r["hparams"].get(k, "")).zfill(6) for k in order))
+    return out
+
+
+def label(hp: dict[str, Any]) -> str:
+    fm = hp.get("feature_map", "?")
+    if fm == "Based":
+        return f"BASED r={hp.get('r')}"
+    if fm == "softmax":
+        return "softmax"
+    text = f"{fm} p={hp.get('p')} m={hp.get('m')}"
+    return text + (f" t={hp['rank']}" if fm == "LLoPS" else "")
+
+
+def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
+    slice_names = sorted({k for r in table for k in r["slices"]})
+    header = ["method", "d_model", "state size", "best lr", "acc % (mean ± std, n)", "paper %",
+              *slice_names, "train time s (all runs)"]
+    md = [f"# {spec.study} ({spec.profile} profile)", "",
+          f"Objective {spec.metric}: the best validation of each run (micro accuracy over answer "
+          "positions), mean ± sample std over seeds at the point's best learning rate. "
+          "Per-slice columns are means at that lr. Paper values: SPEC.md §4 (their protocol, "
+          "not this profile).", "",
+          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    csv_rows = []
+    for r in table:
+        hp = r["hparams"]
+        paper = "" if r["paper"] is None else f"{r['paper']:.1f}"
+        cells = [label(hp), hp.get("d_model"), hp.get("state_size"), f"{r['best_lr']:g}",
+                 f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})", paper,
+                 *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
+                 f"{r['wall_time_s']:.0f}"]
+        md.append("| " + " | ".join(str(c) for c in cells) + " |")
+        csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
+            "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
+            "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
+            "paper": r["paper"], **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
+            "wall_time_s": r["wall_time_s"]})
+    md_path, csv_path = out / "table.md", out / "table.csv"
+    md_path.write_text("\n".join(md) + "\n")
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(csv_rows[0]) if csv_rows else ["method"])
+        writer.writeheader()
+        writer.writerows(csv_rows)
+    return [md_path, csv_path]
+
+
+def write_plot(table: list[dict[str, Any]], plot: dict[str, str], out: Path) -> Path:
+    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key, series_key = plot["x"], plot.get("series", "feature_map")
+    groups: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for r in table:
+        hp = r["hparams"]
+        if hp.get(x_key) is None:
+            continue
+        name = f"{series_key}={hp.get(series_key)}" if series_key != "feature_map" else \
+            str(hp.get("feature_map"))
+        groups[name].append((float(hp[x_key]), 100 * r["mean"], 100 * r["std"]))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, pts in sorted(groups.items()):
+        pts.sort()
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                    marker="o", capsize=3, label=name)
+    if plot.get("xscale") == "log":
+        ax.set_xscale("log")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel("accuracy % (mean ± std over seeds)")
+    ax.set_title(plot.get("title", f"accuracy vs {x_key}"))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / f"{plot.get('name', 'acc_vs_' + x_key)}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:
+    """``results/<study>/table.md``, ``table.csv`` and the spec's plots."""
+    out = results / spec.study
+    out.mkdir(parents=True, exist_ok=True)
+    table = rows(spec, storage)
+    paths = write_table(spec, table, out)
+    plots = spec.plots or [{"x": "state_size", "series": "feature_map", "xscale": "log"}]
+    paths += [write_plot(table, plot, out) for plot in plots]
+    return paths

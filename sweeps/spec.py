@@ -1,0 +1,163 @@
+"""Sweep specs: YAML files naming base configs, a grid over any config key, and the objective.
+
+A spec::
+
+    study: p_ablation                  # Optuna study name (runs/<study>/ holds its runs)
+    configs: [configs/p4.yaml]         # method config(s), as main.py takes them
+    profile: cpu                       # configs/profiles/<profile>.yaml (``--profile`` overrides)
+    grid:                              # Cartesian product; any main.py key
+      model.feature_map.init_args.p: [2, 4, 6]
+      seed_everything: [0, 1, 2]
+      "model.feature_map.init_args.rank,model.feature_map.init_args.m": [[1, 256], [2, 128]]
+    lr: [1.0e-3, 3.0e-3]               # learning-rate sub-grid of every point (model.lr)
+    objective: {metric: val/acc, direction: maximize}
+    sampler: grid                      # grid | tpe | random (then n_trials)
+    pruner: none                       # none | median | halving
+    args: []                           # extra main.py arguments for every trial
+    profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
+
+A grid key ``config`` takes config file paths (a method per value). Keys joined by commas vary
+together (zipped), for budgets such as a fixed m·t.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ALLOWED = {"study", "configs", "profile", "grid", "lr", "objective", "sampler", "n_trials",
+           "pruner", "args", "profiles", "storage", "description", "plots", "paper"}
+SAMPLERS = ("grid", "tpe", "random")
+PRUNERS = ("none", "median", "halving")
+
+
+class SpecError(ValueError):
+    """A sweep spec that cannot run; the message names the key."""
+
+
+@dataclass
+class SweepSpec:
+    """A validated spec with its profile applied."""
+
+    path: Path
+    study: str
+    configs: list[str]
+    profile: str
+    grid: dict[str, list[Any]]
+    lr: list[float]
+    metric: str = "val/acc"
+    direction: str = "maximize"
+    sampler: str = "grid"
+    n_trials: int | None = None
+    pruner: str = "none"
+    args: list[str] = field(default_factory=list)
+    storage: str | None = None
+    plots: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def profile_path(self) -> str:
+        return str(ROOT / "configs" / "profiles" / f"{self.profile}.yaml")
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point (lr included) as ``{key: value}``, zipped keys split apart."""
+        axes: list[list[dict[str, Any]]] = []
+        for key, values in self.grid.items():
+            names = [k.strip() for k in key.split(",")]
+            axes.append([dict(zip(names, v if len(names) > 1 else [v])) for v in values])
+        if self.lr:
+            axes.append([{"model.lr": lr} for lr in self.lr])
+        return [dict(item for d in combo for item in d.items())
+                for combo in itertools.product(*axes)]
+
+    def choices(self) -> dict[str, list[Any]]:
+        """Every parameter's possible values (for Optuna's categorical distributions)."""
+        out: dict[str, list[Any]] = {}
+        for point in self.points():
+            for k, v in point.items():
+                if v not in out.setdefault(k, []):
+                    out[k].append(v)
+        return out
+
+
+def _resolve(path: str) -> str:
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = ROOT / p
+    if not p.exists():
+        raise SpecError(f"config file not found: {path}")
+    return str(p)
+
+
+def _check_grid(grid: Any) -> dict[str, list[Any]]:
+    if not isinstance(grid, dict) or not grid:
+        raise SpecError("grid must be a non-empty mapping of config keys to lists of values")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"grid.{key} must be a non-empty list")
+        width = len(key.split(","))
+        if width > 1 and not all(isinstance(v, list) and len(v) == width for v in values):
+            raise SpecError(f"grid.{key}: zipped keys need lists of {width} values each")
+    return grid
+
+
+def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
+    """Read and validate a spec; ``profile`` overrides the spec's own."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"sweep spec not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path} must hold a mapping")
+    unknown = sorted(set(raw) - ALLOWED)
+    if unknown:
+        raise SpecError(f"unknown key(s) in {path.name}: {', '.join(unknown)} "
+                        f"(allowed: {', '.join(sorted(ALLOWED))})")
+    profile = profile or raw.get("profile", "cpu")
+    overrides = (raw.get("profiles") or {}).get(profile, {})
+    unknown = sorted(set(overrides) - ALLOWED)
+    if unknown:
+        raise SpecError(f"unknown key(s) in profiles.{profile}: {', '.join(unknown)}")
+    merged = {**raw, **overrides}
+    if not (ROOT / "configs" / "profiles" / f"{profile}.yaml").exists():
+        raise SpecError(f"unknown profile {profile!r}: no configs/profiles/{profile}.yaml")
+    if not isinstance(merged.get("study"), str) or not merged["study"]:
+        raise SpecError("study must be a non-empty name")
+    grid = _check_grid(merged.get("grid"))
+    if "config" in grid:
+        grid = {**grid, "config": [_resolve(c) for c in grid["config"]]}
+    lr = merged.get("lr") or []
+    if not isinstance(lr, list) or not all(isinstance(x, (int, float)) and math.isfinite(x)
+                                           and x > 0 for x in lr):
+        raise SpecError("lr must be a list of positive numbers")
+    objective = merged.get("objective") or {}
+    direction = objective.get("direction", "maximize")
+    if direction not in ("maximize", "minimize"):
+        raise SpecError(f"objective.direction must be maximize or minimize, got {direction!r}")
+    sampler = merged.get("sampler", "grid")
+    if sampler not in SAMPLERS:
+        raise SpecError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    pruner = str(merged.get("pruner", "none"))
+    if pruner not in PRUNERS:
+        raise SpecError(f"pruner must be one of {PRUNERS}, got {pruner!r}")
+    n_trials = merged.get("n_trials")
+    if sampler != "grid" and not (isinstance(n_trials, int) and n_trials > 0):
+        raise SpecError(f"sampler {sampler} needs n_trials, a positive integer")
+    args = merged.get("args") or []
+    if not isinstance(args, list):
+        raise SpecError("args must be a list of main.py arguments")
+    return SweepSpec(path=path, study=merged["study"],
+                     configs=[_resolve(c) for c in merged.get("configs") or []],
+                     profile=profile, grid=grid, lr=[float(x) for x in lr],
+                     metric=objective.get("metric", "val/acc"), direction=direction,
+                     sampler=sampler, n_trials=n_trials, pruner=pruner,
+                     args=[str(a) for a in args], storage=merged.get("storage"),
+                     plots=list(merged.get("plots") or []))

@@ -1,0 +1,55 @@
+"""Optuna storage for sweeps: SQLite under ``runs/`` by default, any RDB URL otherwise.
+
+Trials send heartbeats; a RUNNING trial whose heartbeat is older than ``grace`` seconds (its
+process was killed, or the machine lost power) is marked FAIL and a copy with the same grid
+point is queued again (Optuna's ``RetryHeartbeatStaleTrialCallback``). Trials that fail by raising are
+not retried.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+DEFAULT_DB = Path("runs") / "sweeps.db"
+
+
+class StorageError(RuntimeError):
+    """The storage URL cannot be opened."""
+
+
+def default_url() -> str:
+    DEFAULT_DB.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{DEFAULT_DB}"
+
+
+def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBStorage:
+    """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable."""
+    url = url or default_url()
+    engine_kwargs = {}
+    if url.startswith("sqlite"):
+        engine_kwargs = {"connect_args": {"timeout": 120}}
+    elif url.startswith("postgresql"):
+        engine_kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    for attempt in range(6):
+        try:
+            return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+                              grace_period=grace, heartbeat_stale_trial_callback=(
+                                  RetryHeartbeatStaleTrialCallback(max_retry=3)))
+        except Exception as err:  # sqlalchemy raises many kinds; reduce to one line
+            text = str(err).strip()
+            # Two processes creating a new database's schema at once: the loser retries.
+            if ("already exists" in text or "locked" in text) and attempt < 5:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            first = text.splitlines()[0] if text else type(err).__name__
+            raise StorageError(f"cannot open storage {url}: {first}") from None
+    raise AssertionError("unreachable")
+
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)

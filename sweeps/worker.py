@@ -1,0 +1,282 @@
+"""Sweep workers: queue the grid once, then pop and train trials until none is left.
+
+Every grid point is queued as an Optuna WAITING trial. A worker claims one by switching it to
+RUNNING (an atomic compare-and-set in the storage, so two workers never take the same point),
+trains it in-process through ``main.py``'s CLI with heartbeats, and records the result. Stale
+trials (a dead worker's) are failed and re-queued by the storage (see ``sweeps.storage``); a
+retried point resumes from its own ``last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage, fail_stale_trials
+from optuna.trial import TrialState
+
+from sweeps.spec import SpecError, SweepSpec
+
+SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
+
+
+def short_name(key: str) -> str:
+    return SHORT.get(key, key.rsplit(".", 1)[-1])
+
+
+def trial_name(params: dict[str, Any]) -> str:
+    """A folder name from a grid point, e.g. ``p4_seed0_lr0.003``."""
+    parts = []
+    for key in sorted(params):
+        value = params[key]
+        if key == "config":
+            value = Path(str(value)).stem
+        parts.append(f"{short_name(key)}{value}")
+    return "_".join(parts).replace("/", "-")
+
+
+def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str) -> list[str]:
+    """``main.py`` arguments (no subcommand) of one trial: configs, profile, the point's keys."""
+    args: list[str] = []
+    for cfg in spec.configs:
+        args += ["--config", cfg]
+    if "config" in params:
+        args += ["--config", str(params["config"])]
+    args += ["--config", spec.profile_path, *spec.args]
+    for key, value in params.items():
+        if key != "config":
+            args.append(f"--{key}={json.dumps(value)}")
+    args += [f"--trainer.logger.init_args.save_dir={save_dir}",
+             f"--trainer.logger.init_args.name={name}",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    return args
+
+
+def quiet_libraries() -> None:
+    """Trials print one line each; silence the libraries' per-run chatter."""
+    import lightning.pytorch  # noqa: F401  (configures its loggers on import; override after)
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message=".*args parameter is intended")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
+    sampler: optuna.samplers.BaseSampler
+    if spec.sampler == "tpe":
+        sampler = optuna.samplers.TPESampler(seed=0)
+    else:
+        sampler = optuna.samplers.RandomSampler(seed=0)
+    pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
+    if spec.pruner == "median":
+        pruner = optuna.pruners.MedianPruner(n_warmup_steps=1)
+    elif spec.pruner == "halving":
+        pruner = optuna.pruners.SuccessiveHalvingPruner()
+    study = optuna.create_study(study_name=spec.study, storage=storage, sampler=sampler,
+                                pruner=pruner, direction=spec.direction, load_if_exists=True)
+    study.set_user_attr("spec", str(spec.path))
+    study.set_user_attr("profile", spec.profile)
+    return study
+
+
+def validate_points(spec: SweepSpec) -> None:
+    """Instantiate model and data of every distinct grid point; bad values raise SpecError."""
+    from arbench.cli import ConfigError, build_cli
+
+    seen = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for point in spec.points():
+            key = json.dumps({k: v for k, v in point.items()
+                              if k not in ("seed_everything", "model.lr")}, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                build_cli(trial_args(spec, point, tmp, "check"), run=False)
+            except ConfigError as err:
+                raise SpecError(f"grid point {key}: {err}") from None
+            except SystemExit:
+                raise SpecError(f"grid point {key} is not a valid main.py configuration "
+                                "(see the message above)") from None
+
+
+def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage) -> int:
+    """Queue every grid point that has no trial yet; returns how many were queued.
+
+    The first worker to create the lock study ``<study>::grid::<hash>`` queues; others wait
+    until it is done, so concurrent starts never queue a point twice.
+    """
+    points = spec.points()
+    digest = hashlib.sha1(json.dumps(points, sort_keys=True).encode()).hexdigest()[:10]
+    lock_name = f"{spec.study}::grid::{digest}"
+    try:
+        optuna.create_study(study_name=lock_name, storage=storage)
+    except optuna.exceptions.DuplicatedStudyError:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if study.user_attrs.get(f"queued::{digest}"):
+                return 0
+            time.sleep(1)
+            study = optuna.load_study(study_name=spec.study, storage=storage)
+    existing = [t.system_attrs.get("fixed_params") or t.params
+                for t in study.get_trials(deepcopy=False)]
+    queued = 0
+    for point in points:
+        if point not in existing:
+            study.enqueue_trial(point, skip_if_exists=False)
+            queued += 1
+    study.set_user_attr(f"queued::{digest}", True)
+    return queued
+
+
+def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
+    """Switch the oldest WAITING trial to RUNNING; the storage guarantees one winner."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+        try:
+            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                return trial_id
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    return None
+
+
+class Heartbeat:
+    """Records the trial's heartbeat every ``interval`` seconds from a daemon thread."""
+
+    def __init__(self, storage: RDBStorage, trial_id: int, interval: float):
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception:  # a missed beat is retried; staleness needs many in a row
+                pass
+            self.stop.wait(self.interval)
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> dict[str, Any]:
+    """The trial's grid point, recorded as Optuna params (kept as-is for a retried trial)."""
+    frozen = storage.get_trial(trial._trial_id)
+    params = dict(frozen.params)
+    fixed = frozen.system_attrs.get("fixed_params") or {}
+    choices = spec.choices()
+    for key in fixed or choices:
+        if key not in params:
+            options = list(choices.get(key, []))
+            if key in fixed and fixed[key] not in options:
+                options.append(fixed[key])
+            params[key] = trial.suggest_categorical(key, options)
+    return params
+
+
+def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage,
+              runs_root: Path, log: Any) -> None:
+    """Train one point in-process and record its result (or its failure) on the trial."""
+    from arbench.cli import build_cli, checkpoints_by_run_name
+
+    params = point_params(trial, spec, storage)
+    name = trial_name(params)
+    save_dir = runs_root / spec.study
+    last = save_dir / name / "checkpoints" / "last.ckpt"
+    ckpt = str(last) if last.exists() else None
+    trial.set_user_attr("run_name", name)
+    log(f"trial {trial.number} {name}: start" + (" (resuming last.ckpt)" if ckpt else ""))
+    t0 = time.time()
+    try:
+        cli = build_cli(trial_args(spec, params, str(save_dir), name), run=False)
+        trainer = cli.trainer
+        checkpoints_by_run_name(trainer)
+        if spec.pruner != "none":
+            from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
+
+            trainer.callbacks.append(PyTorchLightningPruningCallback(trial, monitor=spec.metric))
+        Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(trainer.log_dir) / "config.yaml").write_text(
+            cli.parser.dump(cli.config, skip_none=False))
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+        summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
+    except optuna.TrialPruned:
+        study.tell(trial, state=TrialState.PRUNED)
+        log(f"trial {trial.number} {name}: pruned after {time.time() - t0:.0f} s")
+        return
+    except Exception as err:
+        trial.set_user_attr("fail_reason", one_line(err))
+        study.tell(trial, state=TrialState.FAIL)
+        log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")
+        return
+    value = summary["val_acc"] if spec.metric == "val/acc" else \
+        summary["slices"].get(spec.metric.removeprefix("val/acc_"))
+    for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
+                "global_step", "last_val_acc"):
+        trial.set_user_attr(key, summary.get(key))
+    trial.set_user_attr("val_acc", summary["val_acc"])
+    trial.set_user_attr("state_size", summary["hparams"].get("state_size"))
+    trial.set_user_attr("params", summary["hparams"].get("params"))
+    trial.set_user_attr("wall_time_s", time.time() - t0)
+    if value is None:
+        trial.set_user_attr("fail_reason", f"no {spec.metric} was logged")
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    study.tell(trial, value)
+    log(f"trial {trial.number} {name}: {spec.metric} {value:.4f} in {time.time() - t0:.0f} s")
+
+
+def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
+         poll: float = 2.0, max_trials: int | None = None) -> int:
+    """Run trials until the study has none waiting or running; returns trials run here."""
+    quiet_libraries()
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} {worker}] {msg}", flush=True)
+
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    done = 0
+    while max_trials is None or done < max_trials:
+        fail_stale_trials(study)
+        if spec.sampler == "grid":
+            trial_id = claim_waiting(study, storage)
+            if trial_id is None:
+                if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                    time.sleep(poll)  # another worker's trial may still go stale
+                    continue
+                break
+            trial = optuna.Trial(study, trial_id)
+        else:
+            started = study.get_trials(deepcopy=False, states=(
+                TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED, TrialState.FAIL))
+            if len(started) >= (spec.n_trials or 0):
+                break
+            trial = study.ask()
+        with Heartbeat(storage, trial._trial_id, storage.get_heartbeat_interval() or 30):
+            run_trial(study, trial, spec, storage, runs_root, log)
+        done += 1
+    return done

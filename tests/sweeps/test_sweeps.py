@@ -1,0 +1,144 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import ROOT, config
+
+from sweeps.spec import SpecError, load_spec
+
+FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=3"]
+
+
+def write_spec(tmp: Path, study: str, grid: dict, **extra) -> Path:
+    spec = {"study": study, "configs": [config("p4.yaml")], "profile": "smoke", "grid": grid,
+            "lr": [3.0e-3], "args": FAST, **extra}
+    path = tmp / f"{study}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def sweep(*args, cwd: Path, timeout: int = 300, check: bool = False):
+    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def completed_points(study: str, url: str) -> Counter:
+    trials = optuna.load_study(study_name=study, storage=url).get_trials()
+    return Counter(tuple(sorted(t.params.items())) for t in trials
+                   if t.state == optuna.trial.TrialState.COMPLETE)
+
+
+GRID4 = {"model.feature_map.init_args.p": [2, 3], "seed_everything": [0, 1]}
+
+
+def test_points_cartesian_and_zipped():
+    spec = load_spec(ROOT / "sweeps" / "rank.yaml", "cpu")
+    points = spec.points()
+    assert len(points) == 3 * 7 * 3
+    assert {(p["model.feature_map.init_args.rank"], p["model.feature_map.init_args.m"])
+            for p in points} >= {(1, 256), (8, 32)}
+
+
+@pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
+                                  "normalize", "calibration"])
+@pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
+def test_shipped_specs_load(name, profile):
+    assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
+
+
+def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
+    spec = write_spec(tmp_path, "killme", GRID4)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cmd = [sys.executable, "-m", "sweeps", "run", str(spec), "--storage", url, "--heartbeat",
+           "1", "--grace", "3", "--threads", "1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    first = None
+    while time.time() < deadline and first is None:
+        time.sleep(0.5)
+        try:
+            done = [t for t in optuna.load_study(study_name="killme", storage=url).get_trials()
+                    if t.state == optuna.trial.TrialState.COMPLETE]
+        except KeyError:
+            continue
+        first = done[0] if done else None
+    assert first is not None, "no trial completed in time"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out = sweep("run", str(spec), "--storage", url, "--heartbeat", "1", "--grace", "3",
+                "--threads", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = completed_points("killme", url)
+    assert len(counts) == 4 and set(counts.values()) == {1}
+    trials = optuna.load_study(study_name="killme", storage=url).get_trials()
+    again = [t for t in trials if t.number == first.number][0]
+    assert again.state == optuna.trial.TrialState.COMPLETE
+    assert again.datetime_complete == first.datetime_complete  # never rerun
+
+
+def run_two_workers(tmp_path: Path, url: str, study: str) -> None:
+    """``--workers 2`` in one command, plus a second command started at the same moment (as
+    on another machine): both race to queue the grid and to claim its points."""
+    spec = write_spec(tmp_path, study, GRID4)
+    cmd = [sys.executable, "-m", "sweeps", "run", str(spec), "--storage", url, "--threads", "1"]
+    procs = [subprocess.Popen(cmd + extra, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for extra in (["--workers", "2"], [])]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    trials = optuna.load_study(study_name=study, storage=url).get_trials()
+    counts = completed_points(study, url)
+    assert len(counts) == 4 and set(counts.values()) == {1}
+    assert len(trials) == 4  # nothing duplicated, nothing left waiting
+    ran = [line for out, _ in outs for line in out.splitlines() if line.endswith(" s")]
+    assert len(ran) == 4, ran
+
+
+def test_two_workers_split_grid_sqlite(tmp_path):
+    run_two_workers(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", "twoworkers")
+    spec = write_spec(tmp_path, "twoworkers", GRID4)
+    out = sweep("report", str(spec), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}",
+                "--out", str(tmp_path / "results"), cwd=tmp_path, check=True)
+    table = (tmp_path / "results/twoworkers/table.md").read_text()
+    assert table.count("| LLoPS p=") == 2 and "± " in table
+    assert (tmp_path / "results/twoworkers/table.csv").exists()
+    assert list((tmp_path / "results/twoworkers").glob("*.png")), out.stdout
+
+
+@pytest.mark.skipif(not os.environ.get("ARBENCH_TEST_PG_URL"),
+                    reason="no PostgreSQL server given (set ARBENCH_TEST_PG_URL; .ci/run does)")
+def test_two_workers_split_grid_postgresql(tmp_path):
+    study = f"pg{int(time.time() * 1000)}"
+    run_two_workers(tmp_path, os.environ["ARBENCH_TEST_PG_URL"], study)
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"bogus": 1}, "unknown key(s) in bad.yaml: bogus"),
+    ({"grid": {}}, "grid must be a non-empty mapping"),
+    ({"grid": {"model.feature_map.init_args.p": []}}, "must be a non-empty list"),
+    ({"grid": {"model.feature_map.init_args.p": [0]}}, "p must be an integer >= 1, got 0"),
+    ({"storage": "postgresql://nobody@127.0.0.1:1/none"}, "cannot open storage"),
+])
+def test_bad_spec_one_clear_line(tmp_path, change, needle):
+    spec = write_spec(tmp_path, "bad", GRID4)
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), **change}))
+    storage = [] if "storage" in change else ["--storage", f"sqlite:///{tmp_path / 'db.sqlite'}"]
+    out = sweep("run", str(spec), *storage, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert len([ln for ln in out.stderr.splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_spec_error_unknown_profile(tmp_path):
+    spec = write_spec(tmp_path, "x", GRID4)
+    with pytest.raises(SpecError, match="unknown profile 'huge'"):
+        load_spec(spec, "huge")
