@@ -36,10 +36,11 @@ class RunSummary(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.time()
 
-    def _path(self, trainer: L.Trainer) -> Path | None:
-        if trainer.log_dir is None or not trainer.is_global_zero:
-            return None
-        return Path(trainer.log_dir) / self.filename
+    def _log_dir(self, trainer: L.Trainer) -> str | None:
+        """The run's folder on rank 0, None elsewhere. ``trainer.log_dir`` broadcasts under
+        DDP, so every rank must call it, and call it equally often."""
+        log_dir = trainer.log_dir
+        return log_dir if trainer.is_global_zero else None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -58,12 +59,12 @@ class RunSummary(Callback):
         self.write(trainer, pl_module, finished=True)
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, finished: bool) -> None:
-        path = self._path(trainer)
-        if path is None:
+        log_dir = self._log_dir(trainer)
+        if log_dir is None:
             return
         ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
         hp = pl_module.hparams_for_logging() if hasattr(pl_module, "hparams_for_logging") else {}
-        write_json_atomic(path, {
+        write_json_atomic(Path(log_dir) / self.filename, {
             "finished": finished,
             "val_acc": self.best.get("val/acc"),
             "last_val_acc": self.last.get("val/acc"),
@@ -75,5 +76,5 @@ class RunSummary(Callback):
             "hparams": hp,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
-            "log_dir": trainer.log_dir,
+            "log_dir": log_dir,
         })

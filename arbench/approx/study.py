@@ -1,0 +1,213 @@
+"""The approximation study: split, normalise, floor, fit every method, score on held-out pairs.
+
+Per (layer, head) and p: queries and keys of the training sequences train the fitted maps on
+all their (query, key) pairs; the held-out matrix A = (Q_test K_testᵀ)^p of the other
+sequences scores every method and gives the Eckart–Young floor. q and k are both divided by
+√c, c = RMS of q·k over the training pairs, so (q·k)^p is O(1) for every p; the relative
+metrics of the polynomial maps and the floor do not depend on this scale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from arbench.approx.fit import FitConfig, fit_best
+from arbench.approx.floor import eckart_young, explicit_sketch_kernel, fitted_optimal_sketch
+from arbench.approx.kernels import check_p, monomial_count, poly_kernel
+from arbench.approx.methods import method_builders
+from arbench.approx.metrics import rel_frobenius, rmae
+from arbench.approx.qkset import QKSet
+
+Log = Callable[[str], None]
+
+FLOOR = "Eckart–Young floor"
+EXPLICIT = "Thm 3.1 W* (held-out)"
+FITTED_OPTIMAL = "Thm 3.1 W* (train)"
+METHOD_KEYS = ("polysketch", "mlp", "flatten", "based", "llops")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What to run: degrees ``ps``, feature dim ``m``, LLoPS ranks, sizes and the fit budget."""
+
+    ps: tuple[int, ...] = (2, 3)
+    m: int = 64
+    ranks: tuple[int, ...] = (1, 2, 4, 8)
+    fit: FitConfig = field(default_factory=FitConfig)
+    lrs: tuple[float, ...] = ()  # several: keep the best final training loss; (): fit.lr
+    n_train: int = 2048
+    n_test: int = 1024
+    train_fraction: float = 0.5
+    seed: int = 0
+    mlp_hidden: int = 256
+    explicit_max_dim: int = 20_000
+    methods: tuple[str, ...] = METHOD_KEYS
+
+
+@dataclass
+class Record:
+    """One score: method at degree p on one (layer, head), on the held-out pairs."""
+
+    p: int
+    method: str
+    layer: int
+    head: int
+    rmae: float
+    rel_frobenius: float
+    feature_dim: int
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Split:
+    """Normalised training and held-out queries/keys, each ``(n, d)``; ``scale`` = c."""
+
+    q_train: torch.Tensor
+    k_train: torch.Tensor
+    q_test: torch.Tensor
+    k_test: torch.Tensor
+    scale: float
+
+
+def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig) -> tuple[int, int, int]:
+    """``(train sequences, train tokens, held-out tokens)`` the split will use."""
+    if num_seqs < 2:
+        raise ValueError(f"need at least 2 sequences to hold some out, got {num_seqs}")
+    s_train = min(max(1, round(num_seqs * config.train_fraction)), num_seqs - 1)
+    return (s_train, min(config.n_train, s_train * seq_len),
+            min(config.n_test, (num_seqs - s_train) * seq_len))
+
+
+def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig) -> Split:
+    """Split ``(S, n, d)`` queries/keys by sequence, subsample tokens (seeded), normalise."""
+    s, n, d = q.shape
+    s_train, n_train, n_test = split_sizes(s, n, config)
+    gen = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(s, generator=gen)
+    tr, te = order[:s_train], order[s_train:]
+
+    def tokens(x: torch.Tensor, seqs: torch.Tensor, count: int, pick: torch.Tensor) -> torch.Tensor:
+        return x[seqs].reshape(-1, d)[pick[:count]].float()
+
+    pick_tr = torch.randperm(s_train * n, generator=gen)
+    pick_te = torch.randperm((s - s_train) * n, generator=gen)
+    q_tr, k_tr = tokens(q, tr, n_train, pick_tr), tokens(k, tr, n_train, pick_tr)
+    q_te, k_te = tokens(q, te, n_test, pick_te), tokens(k, te, n_test, pick_te)
+    c = float((q_tr.double() @ k_tr.double().T).pow(2).mean().sqrt())
+    if not math.isfinite(c) or c <= 0:
+        raise ValueError("queries and keys are degenerate: q·k is zero (or not finite) on all "
+                         "training pairs")
+    root = math.sqrt(c)
+    return Split(q_tr / root, k_tr / root, q_te / root, k_te / root, c)
+
+
+def check_settings(config: StudyConfig) -> None:
+    """Raise ``ValueError`` (one line) for p < 1, a bad m, rank, method or fit setting."""
+    if not config.ps:
+        raise ValueError("no degree p given")
+    for p in config.ps:
+        check_p(p)
+    if isinstance(config.m, bool) or not isinstance(config.m, int) or config.m < 1:
+        raise ValueError(f"m must be an integer >= 1, got {config.m!r}")
+    for t in config.ranks:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"every LLoPS rank t must be an integer >= 1, got {t!r}")
+    unknown = [x for x in config.methods if x not in METHOD_KEYS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {list(METHOD_KEYS)}")
+    fit = config.fit
+    if fit.steps < 0 or fit.batch < 1 or config.n_train < 1 or config.n_test < 1:
+        raise ValueError("steps must be >= 0 and batch, n_train, n_test >= 1")
+    if any(not lr > 0 for lr in (config.lrs or (fit.lr,))):
+        raise ValueError(f"learning rates must be > 0, got {list(config.lrs or (fit.lr,))}")
+
+
+def check_config(config: StudyConfig, qk: QKSet) -> None:
+    """:func:`check_settings`, and m no larger than the held-out queries/keys of ``qk``."""
+    check_settings(config)
+    _, _, n_test = split_sizes(qk.q.shape[2], qk.q.shape[3], config)
+    if config.m > n_test:
+        raise ValueError(f"m={config.m} is larger than the number of held-out queries/keys "
+                         f"({n_test}): the held-out {n_test}x{n_test} matrix has rank <= "
+                         f"{n_test}, so the floor would be trivially 0; lower m or hold out more")
+
+
+def _score(p: int, method: str, layer: int, head: int, approx: torch.Tensor, a: torch.Tensor,
+           feature_dim: int, seconds: float = 0.0, detail: str = "") -> Record:
+    return Record(p, method, layer, head, rmae(approx, a), rel_frobenius(approx, a),
+                  feature_dim, seconds, detail)
+
+
+def floor_records(split: Split, p: int, layer: int, head: int,
+                  config: StudyConfig) -> list[Record]:
+    """Eckart–Young floor, explicit W* on the held-out set, and W* built on the train split."""
+    m = config.m
+    a = poly_kernel(split.q_test.double(), split.k_test.double(), p)
+    floor = eckart_young(a, m)
+    out = [Record(p, FLOOR, layer, head, floor.rmae, floor.rel_frobenius, m)]
+    explicit = explicit_sketch_kernel(split.q_test, split.k_test, p, m, config.explicit_max_dim)
+    if explicit is not None:
+        dim = monomial_count(split.q_test.shape[1], p)
+        out.append(_score(p, EXPLICIT, layer, head, explicit, a, m, detail=f"ψ_p dim {dim}"))
+    phi_q, phi_k = fitted_optimal_sketch(split.q_train, split.k_train, p, m)
+    approx = phi_q(split.q_test.double()) @ phi_k(split.k_test.double()).T
+    out.append(_score(p, FITTED_OPTIMAL, layer, head, approx, a, m))
+    return out
+
+
+def method_records(split: Split, p: int, layer: int, head: int, config: StudyConfig,
+                   log: Log | None = None, floor_fro: float | None = None) -> list[Record]:
+    """Build (seeded), fit on the train split and score every selected method."""
+    d = split.q_train.shape[1]
+    a = poly_kernel(split.q_test.double(), split.k_test.double(), p)
+    out = []
+    for key, name, build in method_builders(d, config.m, p, list(config.ranks), config.seed,
+                                            config.mlp_hidden):
+        if key not in config.methods:
+            continue
+        tag = f"[L{layer} h{head} p={p}] {name}"
+        fitted = fit_best(build, split.q_train, split.k_train, lambda x, y: poly_kernel(x, y, p),
+                          config.fit, config.lrs or (config.fit.lr,), log, tag)
+        if fitted is None:
+            if log:
+                log(f"{tag}: skipped (no r with C(r+p-1, p) <= m={config.m})")
+            continue
+        pair, result = fitted
+        tag += f" ({pair.detail})" if pair.detail else ""
+        with torch.no_grad():
+            approx = pair(split.q_test, split.k_test)
+        rec = _score(p, name, layer, head, approx, a, pair.feature_dim, result.seconds,
+                     pair.detail)
+        out.append(rec)
+        if log:
+            how = (f"lr {result.lr:g}, loss {result.first_loss:.3g} -> {result.last_loss:.3g}, "
+                   if pair.fitted else "not fitted, ")
+            floor = f" (floor {floor_fro:.4f})" if floor_fro is not None else ""
+            log(f"{tag}: {how}held-out RMAE {rec.rmae:.4f}, rel. Frobenius "
+                f"{rec.rel_frobenius:.4f}{floor}, {result.seconds:.1f} s")
+    return out
+
+
+def run_study(qk: QKSet, config: StudyConfig, log: Log | None = None) -> list[Record]:
+    """Every (layer, head) × p × method of ``config`` on ``qk``; the records in run order."""
+    check_config(config, qk)
+    records: list[Record] = []
+    for layer in qk.layers:
+        for head in qk.heads:
+            split = split_pairs(*qk.get(layer, head), config)
+            for p in config.ps:
+                floors = floor_records(split, p, layer, head, config)
+                records += floors
+                if log:
+                    log(f"[L{layer} h{head} p={p}] floor: rel. Frobenius "
+                        f"{floors[0].rel_frobenius:.4f}, truncated-SVD RMAE {floors[0].rmae:.4f}"
+                        f" ({split.q_train.shape[0]} train / {split.q_test.shape[0]} held-out "
+                        f"tokens, q·k scale c={split.scale:.4g})")
+                records += method_records(split, p, layer, head, config, log,
+                                          floors[0].rel_frobenius)
+    return records

@@ -1,0 +1,84 @@
+import csv
+
+import pytest
+from approx_helpers import fake_lit, tiny_model
+
+from arbench.approx.cli import main
+from arbench.approx.extract import extract_from_teacher
+from arbench.approx.qkset import save_qk
+
+TINY = ["--p", "2", "3", "--m", "8", "--ranks", "1", "2", "--steps", "15", "--lr", "1e-2",
+        "--n-train", "64", "--n-test", "32", "--num-seqs", "4", "--seq-len", "32"]
+
+
+def table_rows(path):
+    return [line for line in path.read_text().splitlines() if line.startswith("| ")]
+
+
+def test_synthetic_run_writes_every_row(tmp_path, capsys):
+    out = tmp_path / "approx"
+    assert main(["--synthetic", "--layers", "0", "2", "--head-dim", "4", "--out", str(out),
+                 *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "[L2 h0 p=3] LLoPS t=2" in printed and "held-out RMAE" in printed
+    text = (out / "table.md").read_text()
+    assert "RMAE = Σ|Â − A| / Σ|A|" in text
+    methods = ["Eckart–Young floor", "Thm 3.1 W* (held-out)", "Thm 3.1 W* (train)",
+               "PolySketchFormer", "2-layer MLP", "Flatten", "BASED-style", "LLoPS t=1",
+               "LLoPS t=2"]
+    rows = table_rows(out / "table.md")
+    for p in (2, 3):
+        for method in methods:
+            # each row appears in both tables (RMAE and relative Frobenius)
+            assert sum(r.startswith(f"| {p} | ") and method in r for r in rows) == 2, (p, method)
+    assert "| p | method | m' | L0 | L2 | mean | paper mean |" in text
+    assert "0.022" in text and "0.741" in text  # the paper's means sit beside ours
+    with (out / "table.csv").open() as fh:
+        records = list(csv.DictReader(fh))
+    assert len(records) == 2 * 2 * len(methods)  # p x layers x rows
+    assert (out / "error_vs_rank.png").stat().st_size > 0
+
+
+def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
+    ckpt = tmp_path / "teacher.ckpt"
+    ckpt.touch()
+    model = tiny_model(["softmax"], n_layers=3, num_heads=2)
+    fake_lit(monkeypatch, {str(ckpt): model})
+    saved = tmp_path / "qk.pt"
+    assert main(["--teacher", str(ckpt), "--layers", "0", "2", "--heads", "1",
+                 "--num-kv-pairs", "2", "--methods", "polysketch", "llops", "--save-qk",
+                 str(saved), "--out", str(tmp_path / "a"), *TINY]) == 0
+    assert "| L0 | L2 |" in (tmp_path / "a" / "table.md").read_text()
+    assert main(["--qk", str(saved), "--layers", "2", "--methods", "llops", "--out",
+                 str(tmp_path / "b"), *TINY]) == 0
+    assert "| L2 | mean |" in (tmp_path / "b" / "table.md").read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--synthetic", "--p", "0"], "error: p must be an integer >= 1, got 0"),
+    (["--synthetic", "--m", "500", "--n-test", "100"],
+     "error: m=500 is larger than the number of held-out queries/keys (100)"),
+    (["--teacher", "{ckpt}", "--layers", "7"], "error: layer index 7 is out of range"),
+    (["--teacher", "{linear}"], "is not a softmax teacher: its mixers are ['conv', 'linear']"),
+    (["--teacher", "{tmp}/missing.ckpt"], "does not exist"),
+    (["--qk", "{tmp}/missing.pt"], "does not exist"),
+])
+def test_bad_input_gives_one_line(args, message, tmp_path, monkeypatch, capsys):
+    ckpt, linear = tmp_path / "t.ckpt", tmp_path / "l.ckpt"
+    ckpt.touch()
+    linear.touch()
+    fake_lit(monkeypatch, {str(ckpt): tiny_model(["softmax"], n_layers=2),
+                           str(linear): tiny_model(["conv", "linear"], n_layers=2)})
+    args = [a.format(ckpt=ckpt, linear=linear, tmp=tmp_path) for a in args]
+    assert main([*args, "--out", str(tmp_path / "o"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_saved_extraction_needs_existing_layer(tmp_path, capsys):
+    qk = extract_from_teacher(tiny_model(["softmax"], n_layers=2), [0], [0], num_seqs=2,
+                              seq_len=16, num_kv_pairs=2)
+    path = save_qk(qk, tmp_path / "qk.pt")
+    assert main(["--qk", str(path), "--layers", "1", "--out", str(tmp_path / "o")]) == 2
+    assert "error: layer 1 is not in the saved extraction" in capsys.readouterr().err
