@@ -9,6 +9,7 @@ paper's value where one matches (``sweeps.paper``).
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -85,7 +86,8 @@ def label(hp: dict[str, Any]) -> str:
 
 
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
-    slice_names = sorted({k for r in table for k in r["slices"]})
+    slice_names = sorted({k for r in table for k in r["slices"]},
+                         key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
     header = ["method", "d_model", "state size", "best lr", "acc % (mean ± std, n)", "paper %",
               *slice_names, "train time s (all runs)"]
     md = [f"# {spec.study} ({spec.profile} profile)", "",
