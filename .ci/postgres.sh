@@ -2,7 +2,7 @@
 # Start a throw-away PostgreSQL server on loopback for the multi-worker sweep test.
 # Prints the URL on stdout; installs Debian's postgresql first when it is missing.
 set -euo pipefail
-port=${ARBENCH_PG_PORT:-54329}
+port=${ARBENCH_PG_PORT:-$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >&2
 fi

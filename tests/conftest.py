@@ -1,14 +1,12 @@
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-os.environ.setdefault("PYTHONWARNINGS", "ignore")
+HERE = Path(__file__).resolve().parent
+for path in (HERE.parent, HERE):  # the repo (arbench, sweeps) and tests/paths.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 @pytest.fixture
@@ -16,7 +14,3 @@ def in_tmp(tmp_path, monkeypatch):
     """Run in an empty folder (``runs/`` lands there); config paths stay absolute."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def config(name: str) -> str:
-    return str(ROOT / "configs" / name)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, config
+from paths import ROOT, config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from arbench.cli import run

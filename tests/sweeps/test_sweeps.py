@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, config
+from paths import ROOT, config
 
 from sweeps.spec import SpecError, load_spec
 

@@ -1,0 +1,9 @@
+"""Paths the tests share: the repo root and its config files."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(name: str) -> str:
+    return str(ROOT / "configs" / name)
