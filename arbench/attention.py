@@ -64,21 +64,25 @@ def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: in
 
 
 def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Exact causal products inside chunks of ``c`` rows plus the state carried between chunks.
+
+    The intra-chunk scores are masked in place (``tril_``); the state before chunk i,
+    ``S_i = Σ_{j<i} G_jᵀ V_j``, is the running sum of the per-chunk states of chunks ``0..nc-2``
+    (the last chunk's state is never read), and ``F_i S_i`` is added in place to the rows of
+    chunks ``1..nc-1``: no mask tensor, no zero state, no concatenation.
+    """
     *lead, n, m = f.shape
-    dv = v.shape[-1]
     c = min(chunk_size, n)
     pad = (-n) % c
     if pad:  # zero features add nothing to the state; padded outputs are dropped
         f, g, v = (F.pad(t, (0, 0, 0, pad)) for t in (f, g, v))
     nc = (n + pad) // c
-    fc, gc, vc = f.unflatten(-2, (nc, c)), g.unflatten(-2, (nc, c)), v.unflatten(-2, (nc, c))
-    causal = torch.ones(c, c, dtype=torch.bool, device=f.device).tril()
-    intra = (fc @ gc.transpose(-1, -2)).masked_fill(~causal, 0.0) @ vc  # (..., nc, c, dv)
-    chunk_kv = gc.transpose(-1, -2) @ vc  # (..., nc, m, dv)
-    state = chunk_kv.cumsum(dim=-3)
-    prev = torch.cat([torch.zeros_like(state[..., :1, :, :]), state[..., :-1, :, :]], dim=-3)
-    out = intra + fc @ prev
-    return out.flatten(-3, -2)[..., :n, :].reshape(*lead, n, dv)
+    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))
+    out = (fc @ gc.transpose(-1, -2)).tril_() @ vc  # intra-chunk, (..., nc, c, dv)
+    if nc > 1:
+        states = (gc[..., :-1, :, :].transpose(-1, -2) @ vc[..., :-1, :, :]).cumsum(dim=-3)
+        out[..., 1:, :, :] += fc[..., 1:, :, :] @ states  # (..., nc-1, c, dv)
+    return out.flatten(-3, -2)[..., :n, :]
 
 
 _FORMS = {"quadratic": _quadratic, "recurrent": _recurrent, "chunked": _chunked}

@@ -143,7 +143,8 @@ class Based(FeatureMap):
         xt = self.proj(x)
         r = self.r
         first = xt / r ** 0.25
-        second = (xt.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2) / math.sqrt(2.0 * r)
+        scaled = xt / math.sqrt(2.0 * r)  # scale the r-vector, not the r² outer product
+        second = (scaled.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2)
         ones = torch.ones_like(xt[..., :1])
         return torch.cat([ones, first, second], dim=-1)
 

@@ -1,0 +1,91 @@
+"""FLOP counts from shapes (one multiply or one add = 1 FLOP, a multiply-add = 2).
+
+Notation: n tokens, d head dim, m features, p degree, t CP rank, c chunk size,
+dv value width (``d + 1`` with a denominator: the ones column rides along with v),
+N = ⌈n/c⌉·c the padded length, nc = N/c chunks. Counts are per (batch, head) unless said.
+
+Feature maps, per token and map (φ_Q and φ_K each):
+
+- LLoPS / PolySketch: ``2·d·p·t·m`` (the one fused projection) ``+ (p−1)·t·m`` (products)
+  ``+ (t−1)·m`` (rank sum) ``[+ m`` if squared``]``;
+- Flatten: ``2·d·m + (p−1)·m``;
+- BASED (r): ``2·d·r + r + 2·r²`` (projection, scaling, outer product and its scaling);
+- elu+1: ``2·d``.
+
+Chunked causal linear attention (what ``arbench.attention._chunked`` executes, masked entries
+included):
+
+- intra-chunk: ``2·N·c·m`` (F_i G_iᵀ) ``+ 2·N·c·dv`` (masked scores · V_i);
+- state update: ``2·(N−c)·m·dv`` (G_jᵀ V_j for chunks 0..nc−2) ``+ (nc−2)·m·dv`` (prefix sum);
+- state read: ``2·(N−c)·m·dv`` (F_i S_i) ``+ (N−c)·dv`` (added to the intra part);
+- denominator: ``n·(dv−1)`` divisions when normalised.
+
+Softmax attention (``scaled_dot_product_attention``, causal): ``P = n(n+1)/2`` query–key pairs,
+``4·d·P`` (QKᵀ and PV) ``+ 3·P`` (scale, exp, normalise). Only the causal pairs are counted:
+the fused kernels skip the masked blocks.
+
+Backward: a forward+backward pass counts ``3×`` the forward FLOPs (each product's backward is
+two products of the same size), for every method alike.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from arbench.featuremaps import Based, EluPlusOne, Flatten, LLoPS, PolySketch
+
+FWD_BWD_FACTOR = 3.0
+
+
+def feature_map_flops(fm: nn.Module) -> float:
+    """FLOPs of one feature map per token (one head); see the module docstring."""
+    d = fm.head_dim
+    if isinstance(fm, LLoPS):
+        return cp_flops(d, fm.m, fm.p, fm.rank) + (fm.m if fm.square else 0)
+    if isinstance(fm, PolySketch):
+        return cp_flops(d, fm.m, fm.p, 1)
+    if isinstance(fm, Flatten):
+        return 2.0 * d * fm.m + (fm.p - 1) * fm.m
+    if isinstance(fm, Based):
+        r = fm.r
+        return 2.0 * d * r + r + 2.0 * r * r
+    if isinstance(fm, EluPlusOne):
+        return 2.0 * d
+    raise TypeError(f"no FLOP formula for feature map {type(fm).__name__}")
+
+
+def cp_flops(d: int, m: int, p: int, rank: int) -> float:
+    """``Σ_r Π_j x Θ_{j,r}`` per token: projection, products, rank sum."""
+    return 2.0 * d * p * rank * m + (p - 1) * rank * m + (rank - 1) * m
+
+
+def chunked_attention_flops(n: int, m: int, dv: int, c: int, normalized: bool) -> float:
+    """Chunked causal linear attention for one (batch, head); ``dv`` includes the ones column."""
+    c = min(c, n)
+    nc = -(-n // c)
+    big_n = nc * c
+    intra = 2.0 * big_n * c * m + 2.0 * big_n * c * dv
+    update = 2.0 * (big_n - c) * m * dv + max(nc - 2, 0) * m * dv
+    read = 2.0 * (big_n - c) * m * dv + (big_n - c) * dv
+    denominator = n * (dv - 1) if normalized else 0.0
+    return intra + update + read + denominator
+
+
+def softmax_attention_flops(n: int, d: int) -> float:
+    """Causal softmax attention for one (batch, head): only the n(n+1)/2 causal pairs."""
+    pairs = n * (n + 1) / 2.0
+    return 4.0 * d * pairs + 3.0 * pairs
+
+
+def linear_layer_flops(phi_q: nn.Module, phi_k: nn.Module, n: int, dv: int, c: int,
+                       normalized: bool, batch_heads: int) -> float:
+    """Forward FLOPs of φ_Q, φ_K and chunked attention over ``batch_heads`` (batch·heads)."""
+    maps = n * (feature_map_flops(phi_q) + feature_map_flops(phi_k))
+    width = dv + 1 if normalized else dv
+    attn = chunked_attention_flops(n, phi_q.feature_dim, width, c, normalized)
+    return batch_heads * (maps + attn)
+
+
+def linear_flops(n: int, d_in: int, d_out: int) -> float:
+    """``nn.Linear`` without bias on n rows."""
+    return 2.0 * n * d_in * d_out

@@ -1,0 +1,179 @@
+"""The benchmarked methods: one attention layer each, ``(q, k, v) -> y``, all ``(b, h, n, d)``.
+
+A linear method is φ_Q(q), φ_K(k) and causal linear attention (chunked by default);
+softmax is ``scaled_dot_product_attention``. The projections producing q, k, v are not part of
+the layer (they are the same for every method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from arbench.attention import linear_attention, softmax_attention
+from arbench.bench.config import BenchConfig
+from arbench.bench.flops import (
+    FWD_BWD_FACTOR,
+    linear_layer_flops,
+    softmax_attention_flops,
+)
+from arbench.featuremaps import Based, Flatten, LLoPS, PolySketch
+
+PASSES = ("fwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of the grid: ``name`` (e.g. ``llops_p4_t1``), ``family``, its hyperparameters."""
+
+    name: str
+    family: str
+    p: int = 0
+    rank: int = 1
+    m: int = 0
+
+    @property
+    def linear(self) -> bool:
+        return self.family != "softmax"
+
+
+def method_list(cfg: BenchConfig) -> list[Method]:
+    """LLoPS for every (p, rank), BASED, Flatten, PolySketch, softmax; filtered by ``cfg.methods``."""
+    out = [Method(f"llops_p{p}_t{t}", "llops", p, t, cfg.m) for t in cfg.ranks for p in cfg.ps]
+    out += [Method(f"based_r{cfg.based_r}", "based", 2, 1, 1 + cfg.based_r + cfg.based_r ** 2),
+            Method(f"flatten_p{cfg.baseline_p}", "flatten", cfg.baseline_p, 1, cfg.m),
+            Method(f"polysketch_p{cfg.baseline_p}", "polysketch", cfg.baseline_p, 1, cfg.m),
+            Method("softmax", "softmax")]
+    if cfg.methods:
+        unknown = set(cfg.methods) - {m.name for m in out}
+        if unknown:
+            raise ValueError(f"unknown methods {sorted(unknown)}; choose from {[m.name for m in out]}")
+        out = [m for m in out if m.name in cfg.methods]
+    return out
+
+
+def build_feature_map(method: Method, cfg: BenchConfig) -> nn.Module:
+    """A fresh feature map of ``method`` for head dim ``cfg.head_dim``."""
+    d = cfg.head_dim
+    if method.family == "llops":
+        return LLoPS(d, m=cfg.m, p=method.p, rank=method.rank)
+    if method.family == "based":
+        return Based(d, r=cfg.based_r)
+    if method.family == "flatten":
+        return Flatten(d, m=cfg.m, p=method.p)
+    if method.family == "polysketch":
+        return PolySketch(d, m=cfg.m, p=method.p)
+    raise ValueError(f"{method.name} has no feature map")
+
+
+class LinearLayer(nn.Module):
+    """φ_Q, φ_K and causal linear attention; ``mode`` and ``chunk_size`` may be changed."""
+
+    def __init__(self, phi_q: nn.Module, phi_k: nn.Module, normalize: str, chunk_size: int,
+                 mode: str = "chunked"):
+        super().__init__()
+        self.phi_q, self.phi_k = phi_q, phi_k
+        self.normalize, self.chunk_size, self.mode = normalize, chunk_size, mode
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
+                                chunk_size=self.chunk_size, normalize=self.normalize)
+
+
+class SoftmaxLayer(nn.Module):
+    """Causal softmax attention (``scaled_dot_product_attention``)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return softmax_attention(q, k, v)
+
+
+def build_layer(method: Method, cfg: BenchConfig, chunk_size: int) -> nn.Module:
+    """The layer of ``method`` on ``cfg.device``, seeded by ``cfg.seed`` (same weights every build)."""
+    torch.manual_seed(cfg.seed)
+    if not method.linear:
+        return SoftmaxLayer().to(cfg.device)
+    layer = LinearLayer(build_feature_map(method, cfg), build_feature_map(method, cfg),
+                        cfg.normalize, chunk_size)
+    return layer.to(cfg.device)
+
+
+def skip_reason(method: Method, cfg: BenchConfig, n: int, pass_: str) -> str:
+    """Why (method, n, pass) is not run, or ``""`` when it is."""
+    cap = cfg.softmax_bwd_max_n
+    if not method.linear and pass_ == "fwd_bwd" and 0 < cap < n:
+        return f"skipped: softmax backward capped at n <= {cap}"
+    return ""
+
+
+def layer_flops(method: Method, layer: nn.Module, cfg: BenchConfig, n: int, pass_: str) -> float:
+    """FLOPs of one call of ``layer`` on n tokens for ``pass_`` in ``PASSES``."""
+    bh = cfg.batch * cfg.heads
+    if method.linear:
+        fwd = linear_layer_flops(layer.phi_q, layer.phi_k, n, cfg.head_dim, layer.chunk_size,
+                                 cfg.normalize != "none", bh)
+    else:
+        fwd = bh * softmax_attention_flops(n, cfg.head_dim)
+    return fwd * (FWD_BWD_FACTOR if pass_ == "fwd_bwd" else 1.0)
+
+
+@dataclass
+class Inputs:
+    """q, k, v ``(b, h, n, d)`` and their requires-grad copies, plus the output gradient ``dy``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qg: torch.Tensor
+    kg: torch.Tensor
+    vg: torch.Tensor
+    dy: torch.Tensor
+
+
+def make_inputs(cfg: BenchConfig, n: int) -> Inputs:
+    """Unit-variance random inputs for n tokens on ``cfg.device`` (seeded)."""
+    gen = torch.Generator().manual_seed(cfg.seed + n)
+    shape = (cfg.batch, cfg.heads, n, cfg.head_dim)
+    q, k, v, dy = (torch.randn(shape, generator=gen).to(cfg.device) for _ in range(4))
+    grads = [t.clone().requires_grad_() for t in (q, k, v)]
+    return Inputs(q, k, v, *grads, dy)
+
+
+def make_call(layer: nn.Module, inputs: Inputs, pass_: str) -> Callable[[], None]:
+    """A no-argument closure running one ``pass_`` of ``layer``; it keeps no result or gradient.
+
+    ``fwd`` runs under ``torch.no_grad`` (inference); ``fwd_bwd`` runs forward with gradients
+    for q, k, v and the parameters, then ``backward(dy)``, then drops the gradients.
+    """
+    if pass_ == "fwd":
+        def call() -> None:
+            with torch.no_grad():
+                layer(inputs.q, inputs.k, inputs.v)
+        return call
+
+    params = [inputs.qg, inputs.kg, inputs.vg, *layer.parameters()]
+
+    def call_bwd() -> None:
+        layer(inputs.qg, inputs.kg, inputs.vg).backward(inputs.dy)
+        for t in params:
+            t.grad = None
+    return call_bwd
+
+
+def forms_disagreement(layer: LinearLayer, inputs: Inputs) -> float:
+    """Max |chunked − quadratic| / max |quadratic| over what the layer's attention computes.
+
+    Both forms run on the layer's features and on ``[v, 1]`` (the denominator column) when the
+    layer normalises, without the final division: the forms must agree on numerator and
+    denominator; dividing by a denominator near zero would only magnify rounding. No gradient.
+    """
+    with torch.no_grad():
+        f, g, v = layer.phi_q(inputs.q), layer.phi_k(inputs.k), inputs.v
+        if layer.normalize != "none":
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        outs = [linear_attention(f, g, v, mode=mode, chunk_size=layer.chunk_size, normalize=False)
+                for mode in ("chunked", "quadratic")]
+    scale = outs[1].abs().max().clamp_min(1e-30)
+    return float((outs[0] - outs[1]).abs().max() / scale)

@@ -1,0 +1,211 @@
+"""One benchmark run: matmul reference, chunk tuning, form check, layer timings, memory,
+training throughput, target checks; then the files ``bench.csv``, ``bench.md``,
+``bench.json``, ``train.csv`` and ``bench.png`` in ``cfg.out_dir``."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from arbench.bench.config import BenchConfig, config_to_dict
+from arbench.bench.layers import (
+    PASSES,
+    Method,
+    build_layer,
+    forms_disagreement,
+    layer_flops,
+    make_call,
+    make_inputs,
+    method_list,
+    skip_reason,
+)
+from arbench.bench.memory import MiB, measure_memory
+from arbench.bench.report import target_checks, write_outputs
+from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
+from arbench.bench.training import measure_training
+
+Log = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def tuning_method(methods: list[Method]) -> Method | None:
+    """LLoPS p=4, t=1 when benchmarked, else the first linear method (None without any)."""
+    linear = [m for m in methods if m.linear]
+    preferred = [m for m in linear if m.family == "llops" and m.p == 4 and m.rank == 1]
+    return (preferred or linear or [None])[0]
+
+
+def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
+    """Time each of ``cfg.chunk_sizes`` at ``cfg.tune_n`` tokens (forward and forward+backward,
+    interleaved); choose the one with the fastest forward+backward median."""
+    method = tuning_method(methods)
+    if len(cfg.chunk_sizes) == 1 or method is None:
+        return {"chosen": cfg.chunk_sizes[0], "method": None, "n": None, "table": []}
+    layer = build_layer(method, cfg, cfg.chunk_sizes[0])
+    inputs = make_inputs(cfg, cfg.tune_n)
+    cases = []
+    for c in cfg.chunk_sizes:
+        for pass_ in PASSES:
+            call = make_call(layer, inputs, pass_)
+            cases.append(Case((c, pass_), _with_chunk(layer, c, call)))
+    for case in cases:
+        warm_up(case, cfg.device, cfg.min_sample_s)
+    round_robin([cases], max(cfg.repeats, 3), cfg.device)
+    med = {case.key: summary(case.samples)["median"] for case in cases}
+    table = [{"chunk": c, "fwd_ms": 1e3 * med[(c, "fwd")], "fwd_bwd_ms": 1e3 * med[(c, "fwd_bwd")]}
+             for c in cfg.chunk_sizes]
+    chosen = min(cfg.chunk_sizes, key=lambda c: med[(c, "fwd_bwd")])
+    log(f"chunk size: {chosen} (fastest forward+backward of {method.name} at n={cfg.tune_n})")
+    return {"chosen": chosen, "method": method.name, "n": cfg.tune_n, "table": table}
+
+
+def _with_chunk(layer: torch.nn.Module, chunk: int, call: Callable[[], None]) -> Callable[[], None]:
+    """``call`` with ``layer.chunk_size`` set to ``chunk`` for its duration."""
+    def run() -> None:
+        layer.chunk_size = chunk
+        call()
+    return run
+
+
+def check_forms(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
+                chunk: int) -> list[dict]:
+    """Chunked vs quadratic output of every linear layer, at a length spanning two and a half
+    chunks (so the carried state and the padding are exercised), at least ``cfg.check_n``."""
+    n = max(cfg.check_n, 2 * chunk + chunk // 2 + 1)
+    inputs = make_inputs(cfg, n)
+    return [{"method": m.name, "n": n, "chunk": layers[m.name].chunk_size,
+             "rel_err": forms_disagreement(layers[m.name], inputs)} for m in methods if m.linear]
+
+
+def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
+                log: Log) -> dict[tuple[str, int, str], Case]:
+    """Warm up, then time every (method, n, pass): ``cfg.repeats`` interleaved rounds."""
+    groups = []
+    for n in cfg.seq_lens:
+        inputs = make_inputs(cfg, n)
+        for pass_ in PASSES:
+            group = [Case((m.name, n, pass_), make_call(layers[m.name], inputs, pass_))
+                     for m in methods if not skip_reason(m, cfg, n, pass_)]
+            for case in group:
+                warm_up(case, cfg.device, cfg.min_sample_s)
+            groups.append(group)
+        log(f"warmed up n={n}")
+    for rep in range(cfg.repeats):
+        round_robin(groups, 1, cfg.device, first_round=rep)
+        log(f"timing round {rep + 1}/{cfg.repeats} done")
+    return {case.key: case for group in groups for case in group}
+
+
+def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
+               cases: dict, peak_gflops: float, memory: dict | None) -> list[dict]:
+    """One row per (method, n, pass): time (ms), FLOPs, achieved GFLOP/s, fraction, peak MiB;
+    a skipped case keeps its row, with NaN measurements and the reason in ``status``."""
+    peaks = {}
+    for row in (memory or {}).get("rows", []):
+        peaks[(row["method"], row["n"], row["pass"])] = row["peak_bytes"] / MiB
+    rows = []
+    for m in methods:
+        layer = layers[m.name]
+        for n in cfg.seq_lens:
+            for pass_ in PASSES:
+                key = (m.name, n, pass_)
+                flops = layer_flops(m, layer, cfg, n, pass_)
+                row = {"method": m.name, "family": m.family, "p": m.p, "rank": m.rank,
+                       "features": m.m, "n": n, "pass": pass_,
+                       "chunk": layer.chunk_size if m.linear else 0, "gflop": flops / 1e9,
+                       **_timing_fields(cases.get(key), flops, peak_gflops),
+                       "peak_mib": peaks.get(key, math.nan),
+                       "status": skip_reason(m, cfg, n, pass_) or "ok"}
+                rows.append(row)
+    return rows
+
+
+def _timing_fields(case: Case | None, flops: float, peak_gflops: float) -> dict:
+    """Median/min/max ms, samples, inner loop, GFLOP/s and fraction of the matmul reference."""
+    if case is None:
+        return {"median_ms": math.nan, "min_ms": math.nan, "max_ms": math.nan, "samples": 0,
+                "inner": 0, "gflops": math.nan, "frac_peak": math.nan}
+    stats = summary(case.samples)
+    gflops = flops / stats["median"] / 1e9
+    return {"median_ms": 1e3 * stats["median"], "min_ms": 1e3 * stats["min"],
+            "max_ms": 1e3 * stats["max"], "samples": len(case.samples), "inner": case.inner,
+            "gflops": gflops, "frac_peak": gflops / peak_gflops}
+
+
+def machine_info(device: str) -> dict:
+    """Device, threads, CPU/GPU name and versions."""
+    info = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu": _cpu_name(), "python": platform.python_version()}
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dict:
+    """Run everything ``cfg`` asks for, write the output files, return the result dict."""
+    start = time.perf_counter()
+    load_start = _loadavg()
+    torch.manual_seed(cfg.seed)
+    methods = method_list(cfg)
+    log(f"device {cfg.device}, {torch.get_num_threads()} threads, methods: "
+        f"{', '.join(m.name for m in methods)}")
+    matmul = matmul_throughput(cfg.device, cfg.matmul_size, cfg.matmul_repeats, cfg.seed)
+    peak = matmul["median"]
+    log(f"fp32 matmul {cfg.matmul_size}^2: {peak:.1f} GFLOP/s "
+        f"(min {matmul['min']:.1f}, max {matmul['max']:.1f})")
+    chunk = tune_chunk_size(cfg, methods, log)
+    layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
+    forms = check_forms(cfg, layers, methods, chunk["chosen"])
+    cases = time_layers(cfg, layers, methods, log)
+    memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
+    if memory:
+        log(f"memory measured ({memory['method']})")
+    train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed) \
+        if cfg.train else []
+    result = {"meta": {**machine_info(cfg.device), "command": command},
+              "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "forms": forms,
+              "rows": layer_rows(cfg, layers, methods, cases, peak, memory),
+              "memory": _memory_meta(memory), "train": train}
+    result["targets"] = target_checks(result)
+    result["meta"].update(wall_s=time.perf_counter() - start, loadavg_start=load_start,
+                          loadavg_end=_loadavg())
+    write_outputs(result, Path(cfg.out_dir))
+    log(f"wrote {cfg.out_dir}/bench.md, bench.csv, train.csv, bench.json, bench.png "
+        f"in {result['meta']['wall_s']:.0f} s")
+    return result
+
+
+def _loadavg() -> list[float]:
+    """1-, 5- and 15-minute load averages (NaN where the system has none)."""
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return [math.nan] * 3
+
+
+def _memory_meta(memory: dict | None) -> dict:
+    """How memory was measured and the probe's reading (MiB)."""
+    if not memory:
+        return {"method": "not measured"}
+    return {"method": memory["method"], "probe_mib": memory["probe_bytes"] / MiB,
+            "probe_expected_mib": memory["probe_expected"] / MiB}

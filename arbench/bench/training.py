@@ -1,0 +1,137 @@
+"""Training throughput: tokens/s of one AdamW step of the RecallModel (2 layers: conv, linear).
+
+Two heads: ``answer`` (``model.loss``: the LM head only at the scored positions, the training
+path) and ``full`` (cross-entropy of ``model(x)`` at every position, ``ignore_index=-100``).
+
+FLOPs of a step = 3 × forward (see ``arbench.bench.flops``); the forward counts the linear
+layers (``2·rows·in·out``), the depthwise convolution (``2·T·D·k``), the feature maps, the
+chunked attention and the head with its log-softmax (``rows·(2·D·V + 3·V)``, rows = scored
+positions or all T = batch·seq tokens). Norms, residual adds, gating and the optimizer update
+are not counted (under 1% at these sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from arbench.bench.config import TrainSpec
+from arbench.bench.flops import (
+    FWD_BWD_FACTOR,
+    chunked_attention_flops,
+    feature_map_flops,
+    linear_flops,
+)
+from arbench.bench.timing import Case, round_robin, summary
+from arbench.data.mqar import IGNORE_INDEX, generate_mqar
+from arbench.featuremaps import LLoPS
+from arbench.mixers import LinearAttention, ShortConv
+from arbench.model import RecallModel
+
+HEADS = ("answer", "full")
+
+
+def build_model(spec: TrainSpec, device: str, seed: int = 0) -> RecallModel:
+    """The spec's RecallModel (LLoPS m, p, one head) on ``device``, seeded."""
+    torch.manual_seed(seed)
+    fmap = partial(LLoPS, m=spec.m, p=spec.p)
+    model = RecallModel(vocab_size=spec.vocab, d_model=spec.d_model, n_layers=2,
+                        mixers=("conv", "linear"), feature_map=fmap)
+    return model.to(device)
+
+
+def mixer_flops(mixer: nn.Module, batch: int, seq: int) -> float:
+    """Forward FLOPs of one mixer on ``batch × seq`` tokens (conv or linear attention)."""
+    tokens = batch * seq
+    if isinstance(mixer, ShortConv):
+        d = mixer.d_model
+        return 3 * linear_flops(tokens, d, d) + 2.0 * tokens * d * mixer.kernel_size
+    if isinstance(mixer, LinearAttention):
+        d = mixer.num_heads * mixer.head_dim
+        maps = seq * (feature_map_flops(mixer.phi_q) + feature_map_flops(mixer.phi_k))
+        normalized = mixer.normalize != "none"
+        width = mixer.head_dim + (1 if normalized else 0)
+        attn = chunked_attention_flops(seq, mixer.feature_dim, width, mixer.chunk_size, normalized)
+        per_head = batch * mixer.num_heads * (maps + attn)
+        return linear_flops(tokens, d, 3 * d) + linear_flops(tokens, d, d) + per_head
+    raise TypeError(f"no FLOP formula for mixer {type(mixer).__name__}")
+
+
+def step_flops(model: RecallModel, batch: int, seq: int, head_rows: int) -> float:
+    """FLOPs of one training step (3 × forward) with the head applied to ``head_rows`` rows."""
+    body = sum(mixer_flops(block.mixer, batch, seq) for block in model.blocks)
+    head = head_rows * (2.0 * model.d_model * model.vocab_size + 3.0 * model.vocab_size)
+    return FWD_BWD_FACTOR * (body + head)
+
+
+def full_head_loss(model: RecallModel, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits at every position (unscored labels ignored)."""
+    logits = model(x)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                           ignore_index=IGNORE_INDEX)
+
+
+def make_step(model: RecallModel, opt: torch.optim.Optimizer, x: torch.Tensor,
+              labels: torch.Tensor, head: str) -> Callable[[], None]:
+    """A closure running one AdamW step of ``model`` on ``(x, labels)`` with ``head``."""
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(x, labels) if head == "answer" else full_head_loss(model, x, labels)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def training_cases(specs: Sequence[TrainSpec], device: str,
+                   seed: int) -> tuple[list[Case], dict[tuple[str, str], dict]]:
+    """One warmed-up case per (spec, head) and its static facts (tokens, FLOPs, rows)."""
+    cases, facts = [], {}
+    for spec in specs:
+        x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=seed)
+        x, labels = x.to(device), labels.to(device)
+        scored = int((labels != IGNORE_INDEX).sum())
+        for head in HEADS:
+            model = build_model(spec, device, seed)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+            step = make_step(model, opt, x, labels, head)
+            step(), step()
+            rows = scored if head == "answer" else spec.batch * spec.seq
+            facts[(spec.name, head)] = {"tokens": spec.batch * spec.seq, "head_rows": rows,
+                                        "flops": step_flops(model, spec.batch, spec.seq, rows)}
+            cases.append(Case((spec.name, head), step))
+    return cases, facts
+
+
+def measure_training(specs: Sequence[TrainSpec], device: str, samples: int,
+                     peak_gflops: float, seed: int = 0) -> list[dict]:
+    """Rows ``{spec, head, tokens_per_s (median/min/max), step_ms, gflops, frac_peak, ...}``."""
+    cases, facts = training_cases(specs, device, seed)
+    round_robin([cases], samples, device)
+    by_spec = {s.name: s for s in specs}
+    rows = []
+    for case in cases:
+        name, head = case.key
+        fact, stats = facts[case.key], summary(case.samples)
+        gflops = fact["flops"] / stats["median"] / 1e9
+        rows.append({"spec": name, "head": head, **vars_of(by_spec[name]),
+                     "step_ms": 1e3 * stats["median"], "step_ms_min": 1e3 * stats["min"],
+                     "step_ms_max": 1e3 * stats["max"],
+                     "tokens_per_s": fact["tokens"] / stats["median"],
+                     "tokens_per_s_min": fact["tokens"] / stats["max"],
+                     "tokens_per_s_max": fact["tokens"] / stats["min"],
+                     "head_rows": fact["head_rows"], "gflop_per_step": fact["flops"] / 1e9,
+                     "gflops": gflops, "frac_peak": gflops / peak_gflops,
+                     "samples": len(case.samples)})
+    return rows
+
+
+def vars_of(spec: TrainSpec) -> dict:
+    """The spec's sizes as a dict (without its name)."""
+    return {k: getattr(spec, k) for k in ("vocab", "d_model", "m", "p", "batch", "seq", "pairs")}
+
+
+__all__ = ["HEADS", "build_model", "measure_training", "step_flops"]

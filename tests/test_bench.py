@@ -1,0 +1,99 @@
+"""Smoke run of ``arbench.bench`` in-process (tiny sizes, one repeat) and its FLOP formulas."""
+
+import csv
+import math
+from itertools import product
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from arbench.bench import run_benchmark, smoke_config
+from arbench.bench.flops import linear_layer_flops
+from arbench.bench.layers import (
+    PASSES,
+    build_layer,
+    forms_disagreement,
+    make_inputs,
+    method_list,
+)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cfg = smoke_config(out_dir=str(out), device="cpu")
+    return cfg, run_benchmark(cfg, log=lambda msg: None), out
+
+
+def test_every_method_ran_on_cpu(smoke):
+    cfg, result, _ = smoke
+    assert result["meta"]["device"] == "cpu"
+    names = {m.name for m in method_list(cfg)}
+    assert {"softmax", "based_r4", "flatten_p4", "polysketch_p4"} <= names
+    assert {f"llops_p{p}_t{t}" for p in (2, 4, 6) for t in (1, 4)} <= names
+    for row in result["rows"]:
+        assert row["status"] == "ok", row
+        assert row["median_ms"] > 0 and math.isfinite(row["gflops"]), row
+        assert row["peak_mib"] >= 0, row
+    assert {r["method"] for r in result["rows"]} == names
+
+
+def test_csv_has_every_method_n_pass(smoke):
+    cfg, result, out = smoke
+    with open(out / "bench.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    keys = {(r["method"], int(r["n"]), r["pass"]) for r in rows}
+    expected = set(product([m.name for m in method_list(cfg)], cfg.seq_lens, PASSES))
+    assert keys == expected and len(rows) == len(expected)
+    for name in ("bench.md", "bench.png", "bench.json", "train.csv"):
+        assert (out / name).stat().st_size > 0
+    text = (out / "bench.md").read_text()
+    assert "## Target checks" in text
+    assert len(result["targets"]["checks"]) >= 6
+    assert {c["verdict"] for c in result["targets"]["checks"]} <= {"PASS", "MISS", "n/a"}
+
+
+def test_training_rows(smoke):
+    _, result, _ = smoke
+    keys = {(r["spec"], r["head"]) for r in result["train"]}
+    assert keys == {(s, h) for s in ("p4", "cpu") for h in ("answer", "full")}
+    assert all(r["tokens_per_s"] > 0 and r["gflop_per_step"] > 0 for r in result["train"])
+
+
+def test_memory_probe_reads_its_size(smoke):
+    _, result, _ = smoke
+    mem = result["memory"]
+    assert mem["probe_mib"] == pytest.approx(mem["probe_expected_mib"], rel=0.1)
+
+
+def test_chunked_and_quadratic_forms_agree(smoke):
+    cfg, result, _ = smoke
+    assert len(result["forms"]) == len(method_list(cfg)) - 1
+    assert all(r["rel_err"] < 1e-5 for r in result["forms"]), result["forms"]
+    # and with n not a multiple of the chunk, full layer outputs (after the division)
+    inputs = make_inputs(cfg, 37)
+    for method in method_list(cfg):
+        if not method.linear:
+            continue
+        layer = build_layer(method, cfg, chunk_size=16)
+        assert forms_disagreement(layer, inputs) < 1e-5
+        with torch.no_grad():
+            chunked = layer(inputs.q, inputs.k, inputs.v)
+            layer.mode = "quadratic"
+            quadratic = layer(inputs.q, inputs.k, inputs.v)
+        assert torch.isfinite(chunked).all()
+        torch.testing.assert_close(chunked, quadratic, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["llops_p4_t1", "llops_p2_t4", "flatten_p4", "based_r4"])
+def test_flop_formula_matches_torch_counter(name):
+    """Matmul FLOPs seen by ``FlopCounterMode`` ≈ our count (which adds the few elementwise ops)."""
+    cfg = smoke_config(head_dim=64, m=32, based_r=8)
+    method = next(m for m in method_list(cfg) if m.name.startswith(name.split("_r")[0]))
+    layer = build_layer(method, cfg, chunk_size=64)
+    inputs = make_inputs(cfg, 256)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        layer(inputs.q, inputs.k, inputs.v)
+    ours = linear_layer_flops(layer.phi_q, layer.phi_k, 256, cfg.head_dim, 64, True, 1)
+    assert counter.get_total_flops() <= ours <= 1.05 * counter.get_total_flops()
