@@ -44,7 +44,8 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBS
         except Exception as err:  # sqlalchemy raises many kinds; reduce to one line
             text = str(err).strip()
             # Two processes creating a new database's schema at once: the loser retries.
-            if ("already exists" in text or "locked" in text) and attempt < 5:
+            racing = ("already exists", "locked", "UNIQUE constraint", "duplicate key")
+            if any(r in text for r in racing) and attempt < 5:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             first = text.splitlines()[0] if text else type(err).__name__
