@@ -52,8 +52,8 @@ def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str
         args += ["--config", str(params["config"])]
     args += ["--config", spec.profile_path, *spec.args]
     for key, value in params.items():
-        if key != "config":
-            args.append(f"--{key}={json.dumps(value)}")
+        if key != "config":  # strings go bare: jsonargparse would keep JSON's quotes
+            args.append(f"--{key}={value if isinstance(value, str) else json.dumps(value)}")
     args += [f"--trainer.logger.init_args.save_dir={save_dir}",
              f"--trainer.logger.init_args.name={name}",
              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

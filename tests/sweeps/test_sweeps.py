@@ -53,6 +53,18 @@ def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
 
 
+def test_string_grid_values_reach_the_model(tmp_path):
+    from arbench.cli import build_cli
+    from sweeps.worker import trial_args
+
+    spec = load_spec(ROOT / "sweeps" / "normalize.yaml", "smoke")
+    point = [p for p in spec.points() if p["model.normalize"] == "signed"][0]
+    args = trial_args(spec, point, str(tmp_path), "check")
+    assert "--model.normalize=signed" in args
+    cli = build_cli(args, run=False)
+    assert cli.model.model.blocks[1].mixer.normalize == "signed"
+
+
 def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
     spec = write_spec(tmp_path, "killme", GRID4)
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
