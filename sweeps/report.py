@@ -76,13 +76,17 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
 
 
 def label(hp: dict[str, Any]) -> str:
+    """Row name: method and its sizes, plus the denominator when there is one."""
     fm = hp.get("feature_map", "?")
     if fm == "Based":
-        return f"BASED r={hp.get('r')}"
-    if fm == "softmax":
+        text = f"BASED r={hp.get('r')}"
+    elif fm == "softmax":
         return "softmax"
-    text = f"{fm} p={hp.get('p')} m={hp.get('m')}"
-    return text + (f" t={hp['rank']}" if fm == "LLoPS" else "")
+    else:
+        text = f"{fm} p={hp.get('p')} m={hp.get('m')}"
+        text += f" t={hp['rank']}" if fm == "LLoPS" else ""
+    norm = hp.get("normalize")
+    return text + (f" denominator={norm}" if norm not in (None, "none") else "")
 
 
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
