@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arbench.data.mqar import IGNORE_INDEX
+from arbench.data.mqar import IGNORE_INDEX, check_positive_int
 from arbench.mixers import FeatureMapFactory, LinearAttention, ShortConv, SoftmaxAttention, mlp
 
 MIXER_NAMES = ("conv", "linear", "softmax")
@@ -50,8 +50,7 @@ class RecallModel(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(name, value)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         mixers = list(mixers)
