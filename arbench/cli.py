@@ -13,6 +13,7 @@ import sys
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from arbench.allocator import keep_heap
 from arbench.data.datamodule import MQARDataModule
 from arbench.lit import DivergenceError, LitRecall
 from arbench.summary import RunSummary
@@ -70,6 +71,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> ArbenchCLI:
 
 def run(args: list[str] | None = None) -> ArbenchCLI | None:
     """Run the CLI; a config or divergence error prints one line and exits non-zero."""
+    keep_heap()
     try:
         return build_cli(args)
     except ConfigError as err:

@@ -58,9 +58,11 @@ def parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
+    from arbench.allocator import keep_heap
     from sweeps.worker import enqueue_grid, make_study, quiet_libraries, validate_points, work
 
     quiet_libraries()
+    keep_heap()
     if args.workers < 1:
         raise SpecError("--workers must be >= 1")
     spec = load_spec(args.spec, args.profile)
