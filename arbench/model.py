@@ -85,6 +85,12 @@ class RecallModel(nn.Module):
             x = block(x)
         return self.final_norm(x)
 
+    def compile_body(self) -> None:
+        """Run :meth:`hidden` through ``torch.compile`` from now on (idempotent; weights and
+        ``state_dict`` are unchanged, so checkpoints load into eager or compiled models)."""
+        if "hidden" not in self.__dict__:
+            self.hidden = torch.compile(self.hidden, dynamic=False)  # one graph per shape
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits at every position, ``(b, n, vocab_size)`` (inference)."""
         return self.head(self.hidden(input_ids))

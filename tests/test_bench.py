@@ -97,3 +97,15 @@ def test_flop_formula_matches_torch_counter(name):
         layer(inputs.q, inputs.k, inputs.v)
     ours = linear_layer_flops(layer.phi_q, layer.phi_k, 256, cfg.head_dim, 64, True, 1)
     assert counter.get_total_flops() <= ours <= 1.05 * counter.get_total_flops()
+
+
+def test_compile_option_adds_compiled_twins_of_linear_methods():
+    cfg = smoke_config(methods=("llops_p4_t1", "based_r4", "softmax"), compile=("llops_p4_t1",))
+    methods = {m.name: m for m in method_list(cfg)}
+    assert set(methods) == {"llops_p4_t1", "based_r4", "softmax", "llops_p4_t1_compiled"}
+    twin = methods["llops_p4_t1_compiled"]
+    assert twin.compiled and (twin.family, twin.p, twin.rank) == ("llops", 4, 1)
+    every = method_list(smoke_config(methods=("based_r4", "softmax"), compile=("all",)))
+    assert [m.name for m in every if m.compiled] == ["based_r4_compiled"]
+    with pytest.raises(ValueError, match="cannot compile \\['softmax'\\]"):
+        method_list(smoke_config(compile=("softmax",)))

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"minimum seconds per timed sample (default {d.min_sample_s})")
     ap.add_argument("--matmul-size", type=int, help=f"matmul reference size (default {d.matmul_size})")
     ap.add_argument("--methods", nargs="+", help="only these methods (e.g. llops_p4_t1 softmax)")
+    ap.add_argument("--compile", nargs="*", metavar="METHOD",
+                    help="also time these linear methods (none named: all) through torch.compile, "
+                         "as <name>_compiled, and a compiled training step")
     ap.add_argument("--train-samples", type=int,
                     help=f"timed training steps per size and head (default {d.train_samples})")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
@@ -69,6 +72,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         changes["memory"] = False
     if args.no_train:
         changes["train"] = False
+    if args.compile is not None:
+        changes["compile"] = tuple(args.compile) or ("all",)
     cfg = replace(cfg, **changes)
     if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {cfg.device}: CUDA is not available here")

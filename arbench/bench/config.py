@@ -22,7 +22,7 @@ class TrainSpec:
 
 
 P4_TRAIN = TrainSpec("p4", vocab=8192, d_model=128, m=256, p=4, batch=64, seq=64, pairs=4)
-CPU_TRAIN = TrainSpec("cpu", vocab=512, d_model=64, m=64, p=2, batch=64, seq=64, pairs=8)
+CPU_TRAIN = TrainSpec("cpu", vocab=512, d_model=128, m=256, p=4, batch=64, seq=64, pairs=8)
 SMOKE_TRAIN = (TrainSpec("p4", vocab=64, d_model=16, m=16, p=4, batch=4, seq=32, pairs=4),
                TrainSpec("cpu", vocab=32, d_model=8, m=8, p=2, batch=4, seq=32, pairs=4))
 
@@ -42,6 +42,9 @@ class BenchConfig:
     ``tune_n`` tokens is used. ``train_samples``: timed steps per training size and head.
     ``softmax_bwd_max_n``: softmax forward+backward is skipped above this n (on 2 CPU cores
     SDPA's backward takes ~10 s at n = 16384); 0 = never skipped.
+    ``normalize``: the linear layers' denominator; ``"none"`` is the recall model's default.
+    ``compile``: linear methods that also run through ``torch.compile`` (as ``<name>_compiled``,
+    plus an ``answer_compiled`` training head); ``("all",)`` = every linear method.
     """
 
     seq_lens: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
@@ -55,7 +58,7 @@ class BenchConfig:
     baseline_p: int = 4
     chunk_sizes: tuple[int, ...] = (64, 128, 256)
     tune_n: int = 8192
-    normalize: str = "signed"
+    normalize: str = "none"
     softmax_bwd_max_n: int = 4096
     device: str = field(default_factory=default_device)
     repeats: int = 5
@@ -64,6 +67,7 @@ class BenchConfig:
     matmul_repeats: int = 7
     check_n: int = 256
     methods: tuple[str, ...] = ()
+    compile: tuple[str, ...] = ()
     memory: bool = True
     train: bool = True
     train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN)

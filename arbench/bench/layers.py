@@ -8,7 +8,7 @@ the layer (they are the same for every method).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ class Method:
     p: int = 0
     rank: int = 1
     m: int = 0
+    compiled: bool = False
 
     @property
     def linear(self) -> bool:
@@ -52,6 +53,13 @@ def method_list(cfg: BenchConfig) -> list[Method]:
         if unknown:
             raise ValueError(f"unknown methods {sorted(unknown)}; choose from {[m.name for m in out]}")
         out = [m for m in out if m.name in cfg.methods]
+    if cfg.compile:
+        linear = {m.name: m for m in out if m.linear}
+        names = list(linear) if cfg.compile == ("all",) else list(cfg.compile)
+        unknown = set(names) - set(linear)
+        if unknown:
+            raise ValueError(f"cannot compile {sorted(unknown)}; linear methods here: {list(linear)}")
+        out += [replace(linear[n], name=f"{n}_compiled", compiled=True) for n in names]
     return out
 
 
@@ -96,8 +104,15 @@ def build_layer(method: Method, cfg: BenchConfig, chunk_size: int) -> nn.Module:
     if not method.linear:
         return SoftmaxLayer().to(cfg.device)
     layer = LinearLayer(build_feature_map(method, cfg), build_feature_map(method, cfg),
-                        cfg.normalize, chunk_size)
-    return layer.to(cfg.device)
+                        cfg.normalize, chunk_size).to(cfg.device)
+    if method.compiled:  # one graph per shape; the module's attributes stay readable
+        # every compiled layer shares LinearLayer.forward's code object: one graph per
+        # (layer, n, grad mode) must fit under dynamo's per-code-object limit (default 8)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 4096)
+        layer.forward = torch.compile(layer.forward, dynamic=False)
+    return layer
 
 
 def skip_reason(method: Method, cfg: BenchConfig, n: int, pass_: str) -> str:
@@ -177,3 +192,11 @@ def forms_disagreement(layer: LinearLayer, inputs: Inputs) -> float:
                 for mode in ("chunked", "quadratic")]
     scale = outs[1].abs().max().clamp_min(1e-30)
     return float((outs[0] - outs[1]).abs().max() / scale)
+
+
+def compiled_disagreement(compiled: LinearLayer, eager: LinearLayer, inputs: Inputs) -> float:
+    """Max |compiled − eager| / max |eager| of two layers built with the same weights, forward."""
+    with torch.no_grad():
+        want = eager(inputs.q, inputs.k, inputs.v)
+        got = compiled(inputs.q, inputs.k, inputs.v)
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))

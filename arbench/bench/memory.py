@@ -101,7 +101,7 @@ def probe_bytes(device: str) -> float:
 
 def measure_all(cfg: BenchConfig, chunk_size: int) -> dict:
     """Peak bytes of every (method, n, pass) of ``cfg`` in this process; plus the probe."""
-    methods = method_list(cfg)
+    methods = [m for m in method_list(cfg) if not m.compiled]  # same memory as eager
     layers = {m.name: build_layer(m, cfg, chunk_size) for m in methods}
     warm = make_inputs(cfg, min(cfg.seq_lens))
     for layer in layers.values():

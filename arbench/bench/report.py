@@ -166,8 +166,9 @@ def training_checks(train: list[dict]) -> list[dict]:
 
 
 def target_checks(result: dict) -> dict:
-    """All checks and the tables behind them, from one run's ``result``."""
-    rows = result["rows"]
+    """All checks and the tables behind them, from one run's ``result`` (eager layers; the
+    ``_compiled`` twins are compared with them in their own table)."""
+    rows = [r for r in result["rows"] if not r.get("compiled")]
     based = based_ratios(rows)
     soft = softmax_comparison(rows)
     mem = memory_ratios(rows)
@@ -183,7 +184,7 @@ def write_outputs(result: dict, out_dir: Path) -> None:
     write_csv(result["train"], out_dir / "train.csv")
     (out_dir / "bench.json").write_text(json.dumps(result, indent=1, default=str))
     (out_dir / "bench.md").write_text(markdown(result))
-    plot(result["rows"], out_dir / "bench.png")
+    plot([r for r in result["rows"] if not r.get("compiled")], out_dir / "bench.png")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -254,7 +255,8 @@ def _mib(x: float) -> str:
 def markdown(result: dict) -> str:
     """The human-readable report of one run."""
     out = _header_section(result) + _targets_section(result) + _timing_section(result)
-    out += _comparison_section(result) + _memory_section(result) + _training_section(result)
+    out += _comparison_section(result) + _compile_section(result) + _memory_section(result)
+    out += _training_section(result)
     out += _notes_section(result)
     return "\n".join(out) + "\n"
 
@@ -270,6 +272,9 @@ def _header_section(result: dict) -> list[str]:
              f"(interleaved rounds); batch {cfg['batch']}, heads {cfg['heads']}, head dim "
              f"{cfg['head_dim']}, m {cfg['m']}, normalize `{cfg['normalize']}`",
              _load_line(meta),
+             "- CPU allocator: " + ("glibc heap kept, no mmap per large tensor "
+                                    "(`arbench.allocator.keep_heap`)" if meta.get("heap_kept")
+                                    else "system defaults"),
              f"- fp32 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
              f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f})",
              f"- chunk size used: **{chunk['chosen']}**"
@@ -284,6 +289,10 @@ def _header_section(result: dict) -> list[str]:
         lines += [f"Chunked vs quadratic form (n={worst['n']}, chunk {worst['chunk']}, every linear "
                   f"method, numerator and denominator): max relative difference "
                   f"{worst['rel_err']:.1e} ({worst['method']}).", ""]
+    if result.get("compiled_check"):
+        worst = max(result["compiled_check"], key=lambda r: r["rel_err"])
+        lines += [f"torch.compile vs eager (forward, n={worst['n']}, every compiled method): max "
+                  f"relative difference {worst['rel_err']:.1e} ({worst['method']}).", ""]
     return lines
 
 
@@ -315,6 +324,36 @@ def _timing_section(result: dict) -> list[str]:
     for pass_ in PASSES:
         lines += [f"### {PASS_NAMES[pass_]}", ""]
         lines += _grid(rows, pass_, lambda r: f"{r['frac_peak']:.0%} ({r['gflops']:.0f})") + [""]
+    return lines
+
+
+def compile_speedups(rows: list[dict]) -> list[dict]:
+    """Eager / compiled median time of every ``<name>_compiled`` row (> 1: compiling pays)."""
+    idx = _index(rows)
+    out = []
+    for r in rows:
+        eager = idx.get((r["method"].removesuffix("_compiled"), r["n"], r["pass"]))
+        if r.get("compiled") and eager and r["status"] == "ok":
+            out.append({"method": eager["method"], "n": r["n"], "pass": r["pass"],
+                        "speedup": eager["median_ms"] / r["median_ms"]})
+    return out
+
+
+def _compile_section(result: dict) -> list[str]:
+    speedups = compile_speedups(result["rows"])
+    if not speedups:
+        return []
+    lines = ["## torch.compile: eager time / compiled time (> 1: compiling pays)", "",
+             "Compiled once per shape (`dynamic=False`) during warm-up; the compile time is not "
+             "in these medians.", ""]
+    ns = _ns(result["rows"])
+    for pass_ in PASSES:
+        sel = [s for s in speedups if s["pass"] == pass_]
+        methods = list(dict.fromkeys(s["method"] for s in sel))
+        by = {(s["method"], s["n"]): s["speedup"] for s in sel}
+        body = [[m] + [f"{by[(m, n)]:.2f}×" if (m, n) in by else "–" for n in ns] for m in methods]
+        lines += [f"### {PASS_NAMES[pass_]}", ""]
+        lines += _table(["method"] + [f"n={n}" for n in ns], body) + [""]
     return lines
 
 

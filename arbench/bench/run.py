@@ -13,11 +13,13 @@ from pathlib import Path
 
 import torch
 
+from arbench.allocator import keep_heap
 from arbench.bench.config import BenchConfig, config_to_dict
 from arbench.bench.layers import (
     PASSES,
     Method,
     build_layer,
+    compiled_disagreement,
     forms_disagreement,
     layer_flops,
     make_call,
@@ -83,7 +85,19 @@ def check_forms(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
     n = max(cfg.check_n, 2 * chunk + chunk // 2 + 1)
     inputs = make_inputs(cfg, n)
     return [{"method": m.name, "n": n, "chunk": layers[m.name].chunk_size,
-             "rel_err": forms_disagreement(layers[m.name], inputs)} for m in methods if m.linear]
+             "rel_err": forms_disagreement(layers[m.name], inputs)}
+            for m in methods if m.linear and not m.compiled]
+
+
+def check_compiled(cfg: BenchConfig, layers: dict[str, torch.nn.Module],
+                   methods: list[Method]) -> list[dict]:
+    """Forward output of every ``_compiled`` layer against its eager twin (same weights), at the
+    smallest benchmarked n (a shape the timings compile anyway)."""
+    n = min(cfg.seq_lens)
+    inputs = make_inputs(cfg, n)
+    return [{"method": m.name, "n": n, "rel_err": compiled_disagreement(
+                layers[m.name], layers[m.name.removesuffix("_compiled")], inputs)}
+            for m in methods if m.compiled]
 
 
 def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
@@ -120,7 +134,7 @@ def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: li
                 key = (m.name, n, pass_)
                 flops = layer_flops(m, layer, cfg, n, pass_)
                 row = {"method": m.name, "family": m.family, "p": m.p, "rank": m.rank,
-                       "features": m.m, "n": n, "pass": pass_,
+                       "features": m.m, "compiled": m.compiled, "n": n, "pass": pass_,
                        "chunk": layer.chunk_size if m.linear else 0, "gflop": flops / 1e9,
                        **_timing_fields(cases.get(key), flops, peak_gflops),
                        "peak_mib": peaks.get(key, math.nan),
@@ -165,6 +179,7 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
     """Run everything ``cfg`` asks for, write the output files, return the result dict."""
     start = time.perf_counter()
     load_start = _loadavg()
+    heap_kept = keep_heap() if torch.device(cfg.device).type == "cpu" else False
     torch.manual_seed(cfg.seed)
     methods = method_list(cfg)
     log(f"device {cfg.device}, {torch.get_num_threads()} threads, methods: "
@@ -176,14 +191,16 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
     chunk = tune_chunk_size(cfg, methods, log)
     layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
     forms = check_forms(cfg, layers, methods, chunk["chosen"])
+    compiled = check_compiled(cfg, layers, methods)
     cases = time_layers(cfg, layers, methods, log)
     memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
     if memory:
         log(f"memory measured ({memory['method']})")
-    train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed) \
-        if cfg.train else []
-    result = {"meta": {**machine_info(cfg.device), "command": command},
+    train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed,
+                             compiled=bool(cfg.compile)) if cfg.train else []
+    result = {"meta": {**machine_info(cfg.device), "command": command, "heap_kept": heap_kept},
               "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "forms": forms,
+              "compiled_check": compiled,
               "rows": layer_rows(cfg, layers, methods, cases, peak, memory),
               "memory": _memory_meta(memory), "train": train}
     result["targets"] = target_checks(result)

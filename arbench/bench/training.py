@@ -1,7 +1,9 @@
 """Training throughput: tokens/s of one AdamW step of the RecallModel (2 layers: conv, linear).
 
 Two heads: ``answer`` (``model.loss``: the LM head only at the scored positions, the training
-path) and ``full`` (cross-entropy of ``model(x)`` at every position, ``ignore_index=-100``).
+path) and ``full`` (cross-entropy of ``model(x)`` at every position, ``ignore_index=-100``);
+with ``compiled=True`` a third, ``answer_compiled``: the answer head with the model body run
+through ``torch.compile`` (``RecallModel.compile_body``, as ``model.compile: true`` trains).
 
 FLOPs of a step = 3 × forward (see ``arbench.bench.flops``); the forward counts the linear
 layers (``2·rows·in·out``), the depthwise convolution (``2·T·D·k``), the feature maps, the
@@ -80,26 +82,29 @@ def make_step(model: RecallModel, opt: torch.optim.Optimizer, x: torch.Tensor,
     """A closure running one AdamW step of ``model`` on ``(x, labels)`` with ``head``."""
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(x, labels) if head == "answer" else full_head_loss(model, x, labels)
+        loss = full_head_loss(model, x, labels) if head == "full" else model.loss(x, labels)
         loss.backward()
         opt.step()
     return step
 
 
-def training_cases(specs: Sequence[TrainSpec], device: str,
-                   seed: int) -> tuple[list[Case], dict[tuple[str, str], dict]]:
+def training_cases(specs: Sequence[TrainSpec], device: str, seed: int,
+                   compiled: bool = False) -> tuple[list[Case], dict[tuple[str, str], dict]]:
     """One warmed-up case per (spec, head) and its static facts (tokens, FLOPs, rows)."""
     cases, facts = [], {}
+    heads = HEADS + (("answer_compiled",) if compiled else ())
     for spec in specs:
         x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=seed)
         x, labels = x.to(device), labels.to(device)
         scored = int((labels != IGNORE_INDEX).sum())
-        for head in HEADS:
+        for head in heads:
             model = build_model(spec, device, seed)
+            if head == "answer_compiled":
+                model.compile_body()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
             step = make_step(model, opt, x, labels, head)
             step(), step()
-            rows = scored if head == "answer" else spec.batch * spec.seq
+            rows = spec.batch * spec.seq if head == "full" else scored
             facts[(spec.name, head)] = {"tokens": spec.batch * spec.seq, "head_rows": rows,
                                         "flops": step_flops(model, spec.batch, spec.seq, rows)}
             cases.append(Case((spec.name, head), step))
@@ -107,9 +112,9 @@ def training_cases(specs: Sequence[TrainSpec], device: str,
 
 
 def measure_training(specs: Sequence[TrainSpec], device: str, samples: int,
-                     peak_gflops: float, seed: int = 0) -> list[dict]:
+                     peak_gflops: float, seed: int = 0, compiled: bool = False) -> list[dict]:
     """Rows ``{spec, head, tokens_per_s (median/min/max), step_ms, gflops, frac_peak, ...}``."""
-    cases, facts = training_cases(specs, device, seed)
+    cases, facts = training_cases(specs, device, seed, compiled)
     round_robin([cases], samples, device)
     by_spec = {s.name: s for s in specs}
     rows = []
