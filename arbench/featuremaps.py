@@ -47,28 +47,62 @@ class FeatureMap(nn.Module):
         return {"feature_map": type(self).__name__, "m": self.feature_dim}
 
 
+class _FactorProduct(torch.autograd.Function):
+    """Π_j f_j of ``p`` factors laid side by side: ``(..., p, w) -> (..., w)``.
+
+    Saves only its input (autograd's chain of products would keep p − 2 partial products) and
+    writes every factor's gradient g·Π_{i≠j} f_i straight into one ``(..., p, w)`` buffer: prefix
+    products go into the buffer, then a running suffix product multiplies them in place, so no
+    ``stack`` of p separate gradients (on a CPU that copy cost as much as the products).
+    """
+
+    @staticmethod
+    def forward(ctx, factors: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(factors)
+        out = torch.mul(factors.select(-2, 0), factors.select(-2, 1))
+        for j in range(2, factors.shape[-2]):
+            out.mul_(factors.select(-2, j))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> torch.Tensor:
+        (factors,) = ctx.saved_tensors
+        p = factors.shape[-2]
+        grad = torch.empty(factors.shape, dtype=factors.dtype, device=factors.device)
+        f = [factors.select(-2, j) for j in range(p)]
+        g = [grad.select(-2, j) for j in range(p)]
+        g[1].copy_(f[0])
+        for j in range(2, p):
+            torch.mul(g[j - 1], f[j - 1], out=g[j])  # g[j] = Π_{i<j} f_i
+        suffix = grad_out
+        for j in range(p - 1, 0, -1):
+            g[j].mul_(suffix)  # × grad_out · Π_{i>j} f_i
+            if j > 1:
+                suffix = suffix * f[j] if suffix is grad_out else suffix.mul_(f[j])
+            else:
+                torch.mul(suffix, f[1], out=g[0])
+        return grad
+
+
 def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """Σ_r Π_j x Θ_{j,r} with ``theta`` of shape ``(rank, p, d, m)``.
 
     One matmul of x against all ``rank·p`` projections concatenated (factor-major, so factor j
-    of every rank is one contiguous block of ``rank·m`` columns), then a product over p and a
-    sum over rank. The factors are taken with ``unbind`` (one gradient ``stack`` in backward,
-    not p zero-filled copies) and multiplied in place when no gradient is needed.
+    of every rank is one contiguous block of ``rank·m`` columns), then a product over p
+    (:class:`_FactorProduct` when a gradient is needed, in place otherwise) and a sum over rank.
     ``x``: ``(..., d)``; returns ``(..., m)``.
     """
     rank, p, d, m = theta.shape
     proj = x @ theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (..., p*rank*m)
-    factors = proj.unflatten(-1, (p, rank * m)).unbind(dim=-2)
+    factors = proj.unflatten(-1, (p, rank * m))  # (..., p, rank*m)
     if p == 1:
-        out = factors[0]
+        out = factors.squeeze(-2)
     elif torch.is_grad_enabled() and (x.requires_grad or theta.requires_grad):
-        out = factors[0] * factors[1]
-        for factor in factors[2:]:
-            out = out * factor
+        out = _FactorProduct.apply(factors)
     else:
-        out = torch.mul(factors[0], factors[1])
-        for factor in factors[2:]:
-            out.mul_(factor)
+        out = torch.mul(factors.select(-2, 0), factors.select(-2, 1))
+        for j in range(2, p):
+            out.mul_(factors.select(-2, j))
     out = out.unflatten(-1, (rank, m))
     return out.squeeze(-2) if rank == 1 else out.sum(dim=-2)
 

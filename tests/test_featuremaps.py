@@ -144,3 +144,17 @@ def test_batched_shapes():
         assert out.shape == (2, 3, 5, fm.feature_dim)
 
 
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_cp_polynomial_gradient_matches_finite_differences(p):
+    torch.manual_seed(p)
+    x = torch.randn(2, 3, 4, dtype=torch.double, requires_grad=True)
+    theta = torch.randn(2, p, 4, 3, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(cp_polynomial, (x, theta))
+    with torch.no_grad():  # the in-place product gives the same value
+        fast = cp_polynomial(x, theta)
+    torch.testing.assert_close(fast, cp_polynomial(x, theta))
+    want = sum(torch.prod(torch.stack([x @ theta[r, j] for j in range(p)]), dim=0)
+               for r in range(2))
+    torch.testing.assert_close(cp_polynomial(x, theta), want)

@@ -1,0 +1,157 @@
+"""Where the time goes: ``python -m arbench.bench.profile [--out results/bench] [--steps N]``.
+
+Runs ``torch.profiler`` over a few calls of each case and writes ``profile.md`` (and
+``profile.json``): per case, the self CPU time of every operator grouped into
+
+- ``matmul``: ``mm``/``bmm``/``addmm``/``baddbmm``/``linear`` (their FLOP/s is shown; it is
+  what the benchmark's fraction-of-peak is made of),
+- ``elementwise``: pointwise arithmetic and reductions (``mul``, ``add``, ``sum``, ``pow``,
+  norms, activations, the optimizer's ``_foreach`` updates) — memory-bound on a CPU,
+- ``memory``: copies, concatenation, stacking, fills, allocation (``copy_``, ``cat``,
+  ``stack``, ``zeros``, ``empty``, ``clone``, ``contiguous``, padding),
+- ``other``: everything else (indexing, embedding, cross-entropy, autograd bookkeeping),
+
+plus the top operators. Cases: one training step of the p4 RecallModel (the benchmark's
+``p4`` size, answer head), and one LLoPS attention layer (p = 4, t = 1 and p = 6, t = 4,
+m = 256, d = 128, chunk 256) forward and forward+backward at n = 16384.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from arbench.allocator import keep_heap
+from arbench.bench.config import P4_TRAIN, BenchConfig
+from arbench.bench.layers import Method, build_layer, make_call, make_inputs
+from arbench.bench.timing import matmul_throughput
+from arbench.bench.training import build_model, make_step
+from arbench.data.mqar import generate_mqar
+
+MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::linear",
+          "aten::matmul")
+MEMORY = ("copy_", "cat", "stack", "zeros", "empty", "clone", "contiguous", "fill_", "zero_",
+          "pad", "constant_pad_nd", "to", "_to_copy", "new_zeros", "ones", "index_put",
+          "resize_", "as_strided_scatter", "expand_as")
+ELEMENTWISE = ("mul", "add", "sub", "div", "sum", "pow", "rsqrt", "sqrt", "mean", "exp",
+               "neg", "sigmoid", "silu", "gelu", "relu", "tanh", "_foreach", "lerp", "addcmul",
+               "addcdiv", "maximum", "where", "masked_fill", "cumsum", "norm", "rms_norm",
+               "square", "reciprocal", "abs", "sign", "clamp", "tril", "triu")
+
+
+def category(name: str) -> str:
+    """``matmul``, ``memory``, ``elementwise`` or ``other`` for an operator name ``aten::x``."""
+    if name in MATMUL:
+        return "matmul"
+    base = name.removeprefix("aten::").rstrip("_") if name.startswith("aten::") else ""
+    if not base:
+        return "other"
+    if any(base == m.rstrip("_") for m in MEMORY):
+        return "memory"
+    if any(base == e or base.startswith(e) for e in ELEMENTWISE):
+        return "elementwise"
+    return "other"
+
+
+def profile_case(fn: Callable[[], None], calls: int) -> dict:
+    """Warm ``fn`` up twice, profile ``calls`` calls; per-call ms by category and top operators."""
+    fn(), fn()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        for _ in range(calls):
+            fn()
+    events = prof.key_averages()
+    ops = []
+    for ev in events:
+        # self time only, so nested aten calls are not counted twice
+        if ev.self_cpu_time_total <= 0:
+            continue
+        ops.append({"op": ev.key, "self_ms": ev.self_cpu_time_total / 1e3 / calls,
+                    "calls": ev.count // calls, "gflop": (ev.flops or 0) / 1e9 / calls,
+                    "category": category(ev.key)})
+    ops.sort(key=lambda o: o["self_ms"], reverse=True)
+    total = sum(o["self_ms"] for o in ops)
+    by_cat = {c: sum(o["self_ms"] for o in ops if o["category"] == c)
+              for c in ("matmul", "elementwise", "memory", "other")}
+    mm_ms = by_cat["matmul"]
+    mm_gflop = sum(o["gflop"] for o in ops if o["category"] == "matmul")
+    return {"total_ms": total, "by_category_ms": by_cat, "matmul_gflop": mm_gflop,
+            "matmul_gflops": mm_gflop / (mm_ms / 1e3) if mm_ms > 0 else float("nan"),
+            "top": ops[:12]}
+
+
+def cases(steps: int, n: int) -> dict[str, tuple[Callable[[], None], int]]:
+    """Name → (callable, calls to profile)."""
+    out: dict[str, tuple[Callable[[], None], int]] = {}
+    spec = P4_TRAIN
+    model = build_model(spec, "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=0)
+    out["p4 training step (answer head)"] = (make_step(model, opt, x, labels, "answer"), steps)
+    cfg = BenchConfig(device="cpu")
+    inputs = make_inputs(cfg, n)
+    for p, t in ((4, 1), (6, 4)):
+        layer = build_layer(Method(f"llops_p{p}_t{t}", "llops", p, t, cfg.m), cfg, 256)
+        for pass_ in ("fwd", "fwd_bwd"):
+            out[f"llops_p{p}_t{t} layer {pass_}, n={n}"] = (make_call(layer, inputs, pass_), 2)
+    return out
+
+
+def markdown(result: dict) -> str:
+    """``profile.md`` from the result dict."""
+    lines = ["# Where the time goes (torch.profiler, self CPU time per call)", "",
+             f"- command: `{result['command']}`",
+             f"- {result['threads']} threads, torch {result['torch']}, CPU allocator: "
+             + ("glibc heap kept (`arbench.allocator`)" if result["heap_kept"] else "system"),
+             f"- fp32 matmul reference: {result['peak_gflops']:.1f} GFLOP/s (4096², median of 5)",
+             "- Profiling adds overhead per operator call; shares are what to read, not totals.",
+             ""]
+    lines += ["| case | total ms | matmul | elementwise | memory | other | matmul GFLOP/s "
+              "(of peak) |", "|---|---|---|---|---|---|---|"]
+    for name, r in result["cases"].items():
+        c, tot = r["by_category_ms"], r["total_ms"]
+        shares = " | ".join(f"{c[k]:.1f} ({c[k] / tot:.0%})"
+                            for k in ("matmul", "elementwise", "memory", "other"))
+        lines.append(f"| {name} | {tot:.1f} | {shares} | {r['matmul_gflops']:.0f} "
+                     f"({r['matmul_gflops'] / result['peak_gflops']:.0%}) |")
+    lines.append("")
+    for name, r in result["cases"].items():
+        lines += [f"## {name}", "", "| operator | category | self ms per call | calls | GFLOP |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{o['op']}` | {o['category']} | {o['self_ms']:.2f} | {o['calls']} | "
+                  f"{o['gflop']:.2f} |" for o in r["top"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m arbench.bench.profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/bench", help="output directory")
+    ap.add_argument("--steps", type=int, default=5, help="training steps profiled (default 5)")
+    ap.add_argument("--n", type=int, default=16384, help="tokens of the layer cases")
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    heap_kept = keep_heap()
+    peak = matmul_throughput("cpu", 4096, 5)["median"]
+    result = {"command": "python -m arbench.bench.profile" + (f" {' '.join(argv)}" if argv else ""),
+              "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "heap_kept": heap_kept, "peak_gflops": peak, "cases": {}}
+    for name, (fn, calls) in cases(args.steps, args.n).items():
+        result["cases"][name] = profile_case(fn, calls)
+        print(f"profiled {name}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(result, indent=1))
+    (out / "profile.md").write_text(markdown(result))
+    print(f"wrote {out}/profile.md")
+    return result
+
+
+if __name__ == "__main__":
+    main()
