@@ -12,7 +12,8 @@ A spec::
     lr: [1.0e-3, 3.0e-3]               # learning-rate sub-grid of every point (model.lr)
     objective: {metric: val/acc, direction: maximize}
     sampler: grid                      # grid | tpe | random (then n_trials)
-    pruner: none                       # none | median | halving
+    pruner: none                       # none | median | halving | threshold, or a mapping
+                                       # {type: median, n_startup_trials: 2} (Optuna kwargs)
     args: []                           # extra main.py arguments for every trial
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
 
@@ -34,11 +35,45 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "grid", "lr", "objective", "sampler", "n_trials",
            "pruner", "args", "profiles", "storage", "description", "plots", "paper"}
 SAMPLERS = ("grid", "tpe", "random")
-PRUNERS = ("none", "median", "halving")
+PRUNERS = ("none", "median", "halving", "threshold")
 
 
 class SpecError(ValueError):
     """A sweep spec that cannot run; the message names the key."""
+
+
+def make_pruner(name: str, args: dict[str, Any]) -> Any:
+    """The Optuna pruner ``name`` (see ``PRUNERS``) with keyword ``args``.
+
+    ``median`` defaults to ``n_warmup_steps=1`` (no verdict on the first validation);
+    ``threshold`` prunes a trial whose reported value leaves ``[lower, upper]``. Values are
+    reported at the trainer's global step after every validation.
+    """
+    import optuna
+
+    kinds = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
+             "halving": optuna.pruners.SuccessiveHalvingPruner,
+             "threshold": optuna.pruners.ThresholdPruner}
+    defaults = {"median": {"n_warmup_steps": 1}}.get(name, {})
+    try:
+        return kinds[name](**{**defaults, **args})
+    except (TypeError, ValueError) as err:
+        raise SpecError(f"pruner {name}: {err}") from None
+
+
+def _check_pruner(value: Any) -> tuple[str, dict[str, Any]]:
+    """``pruner: median`` or ``pruner: {type: median, ...kwargs}`` → (name, kwargs), checked."""
+    args: dict[str, Any] = {}
+    if isinstance(value, dict):
+        args = {k: v for k, v in value.items() if k != "type"}
+        value = value.get("type")
+    name = str(value)
+    if name not in PRUNERS:
+        raise SpecError(f"pruner must be one of {PRUNERS} (or a mapping with type:), got {value!r}")
+    if name == "none" and args:
+        raise SpecError("pruner none takes no arguments")
+    make_pruner(name, args)
+    return name, args
 
 
 @dataclass
@@ -56,6 +91,7 @@ class SweepSpec:
     sampler: str = "grid"
     n_trials: int | None = None
     pruner: str = "none"
+    pruner_args: dict[str, Any] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     storage: str | None = None
     plots: list[dict[str, str]] = field(default_factory=list)
@@ -145,9 +181,7 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
     sampler = merged.get("sampler", "grid")
     if sampler not in SAMPLERS:
         raise SpecError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-    pruner = str(merged.get("pruner", "none"))
-    if pruner not in PRUNERS:
-        raise SpecError(f"pruner must be one of {PRUNERS}, got {pruner!r}")
+    pruner, pruner_args = _check_pruner(merged.get("pruner", "none"))
     n_trials = merged.get("n_trials")
     if sampler != "grid" and not (isinstance(n_trials, int) and n_trials > 0):
         raise SpecError(f"sampler {sampler} needs n_trials, a positive integer")
@@ -158,6 +192,6 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
                      configs=[_resolve(c) for c in merged.get("configs") or []],
                      profile=profile, grid=grid, lr=[float(x) for x in lr],
                      metric=objective.get("metric", "val/acc"), direction=direction,
-                     sampler=sampler, n_trials=n_trials, pruner=pruner,
+                     sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
                      plots=list(merged.get("plots") or []))

@@ -23,7 +23,7 @@ import optuna
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
 
@@ -72,19 +72,19 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
 
-def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
-    sampler: optuna.samplers.BaseSampler
+def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+    """The spec's sampler for asking new points (grid points are enqueued, not sampled)."""
     if spec.sampler == "tpe":
-        sampler = optuna.samplers.TPESampler(seed=0)
-    else:
-        sampler = optuna.samplers.RandomSampler(seed=0)
-    pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
-    if spec.pruner == "median":
-        pruner = optuna.pruners.MedianPruner(n_warmup_steps=1)
-    elif spec.pruner == "halving":
-        pruner = optuna.pruners.SuccessiveHalvingPruner()
-    study = optuna.create_study(study_name=spec.study, storage=storage, sampler=sampler,
-                                pruner=pruner, direction=spec.direction, load_if_exists=True)
+        return optuna.samplers.TPESampler(seed=0)
+    return optuna.samplers.RandomSampler(seed=0)
+
+
+def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
+    """Create (or open) the spec's study with its sampler and pruner."""
+    study = optuna.create_study(study_name=spec.study, storage=storage,
+                                sampler=make_sampler(spec),
+                                pruner=make_pruner(spec.pruner, spec.pruner_args),
+                                direction=spec.direction, load_if_exists=True)
     study.set_user_attr("spec", str(spec.path))
     study.set_user_attr("profile", spec.profile)
     return study
@@ -216,9 +216,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         trainer = cli.trainer
         checkpoints_by_run_name(trainer)
         if spec.pruner != "none":
-            from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
+            from sweeps.pruning import StepPruningCallback
 
-            trainer.callbacks.append(PyTorchLightningPruningCallback(trial, monitor=spec.metric))
+            trainer.callbacks.append(StepPruningCallback(trial, monitor=spec.metric))
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(trainer.log_dir) / "config.yaml").write_text(
             cli.parser.dump(cli.config, skip_none=False))
@@ -258,7 +258,8 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} {worker}] {msg}", flush=True)
 
-    study = optuna.load_study(study_name=spec.study, storage=storage)
+    study = optuna.load_study(study_name=spec.study, storage=storage, sampler=make_sampler(spec),
+                              pruner=make_pruner(spec.pruner, spec.pruner_args))
     done = 0
     while max_trials is None or done < max_trials:
         fail_stale_trials(study)

@@ -39,11 +39,14 @@ GRID4 = {"model.feature_map.init_args.p": [2, 3], "seed_everything": [0, 1]}
 
 
 def test_points_cartesian_and_zipped():
-    spec = load_spec(ROOT / "sweeps" / "rank.yaml", "cpu")
+    spec = load_spec(ROOT / "sweeps" / "rank.yaml", "paper")
     points = spec.points()
-    assert len(points) == 3 * 7 * 3
+    assert len(points) == 3 * 7 * 3 * 2  # p × (rank, m) × seed × lr
     assert {(p["model.feature_map.init_args.rank"], p["model.feature_map.init_args.m"])
-            for p in points} >= {(1, 256), (8, 32)}
+            for p in points} >= {(1, 256), (8, 256), (8, 32)}
+    cpu = {(p["model.feature_map.init_args.rank"], p["model.feature_map.init_args.m"])
+           for p in load_spec(ROOT / "sweeps" / "rank.yaml", "cpu").points()}
+    assert (8, 32) in cpu and (8, 256) not in cpu
 
 
 @pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
@@ -138,6 +141,8 @@ def test_two_workers_split_grid_postgresql(tmp_path):
     ({"grid": {"model.feature_map.init_args.p": []}}, "must be a non-empty list"),
     ({"grid": {"model.feature_map.init_args.p": [0]}}, "p must be an integer >= 1, got 0"),
     ({"storage": "postgresql://nobody@127.0.0.1:1/none"}, "cannot open storage"),
+    ({"pruner": "sometimes"}, "pruner must be one of"),
+    ({"pruner": {"type": "median", "patience": 3}}, "pruner median: "),
 ])
 def test_bad_spec_one_clear_line(tmp_path, change, needle):
     spec = write_spec(tmp_path, "bad", GRID4)
@@ -154,3 +159,27 @@ def test_spec_error_unknown_profile(tmp_path):
     spec = write_spec(tmp_path, "x", GRID4)
     with pytest.raises(SpecError, match="unknown profile 'huge'"):
         load_spec(spec, "huge")
+
+
+def test_pruned_trials_are_recorded_and_the_sweep_goes_on(tmp_path):
+    # a threshold no accuracy can reach: every trial is pruned at its first validation (step 3)
+    spec = write_spec(tmp_path, "prune", {"seed_everything": [0, 1]},
+                      pruner={"type": "threshold", "lower": 1.01})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = sweep("run", str(spec), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "pruned 2" in out.stdout, out.stdout
+    trials = optuna.load_study(study_name="prune", storage=url).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert all(list(t.intermediate_values) == [3] for t in trials)
+    assert all(0 <= v <= 1 for t in trials for v in t.intermediate_values.values())
+
+
+def test_median_pruner_reports_every_validation(tmp_path):
+    spec = write_spec(tmp_path, "median", {"seed_everything": [0]}, pruner="median")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = sweep("run", str(spec), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (trial,) = optuna.load_study(study_name="median", storage=url).get_trials()
+    assert trial.state == optuna.trial.TrialState.COMPLETE  # a lone trial is never pruned
+    assert sorted(trial.intermediate_values) == [3, 6]  # both validations of the epoch
