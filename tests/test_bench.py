@@ -109,3 +109,16 @@ def test_compile_option_adds_compiled_twins_of_linear_methods():
     assert [m.name for m in every if m.compiled] == ["based_r4_compiled"]
     with pytest.raises(ValueError, match="cannot compile \\['softmax'\\]"):
         method_list(smoke_config(compile=("softmax",)))
+
+
+def test_profile_groups_operators_and_counts_matmul_flops():
+    from arbench.bench.profile import category, profile_case
+
+    assert [category(n) for n in ("aten::mm", "aten::mul_", "aten::cat", "aten::embedding")] == \
+        ["matmul", "elementwise", "memory", "other"]
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    result = profile_case(lambda: torch.cat([(a @ b) * 2.0, a @ b], dim=0), calls=3)
+    cats = result["by_category_ms"]
+    assert cats["matmul"] > 0 and cats["elementwise"] > 0 and cats["memory"] > 0
+    assert sum(cats.values()) == pytest.approx(result["total_ms"])
+    assert result["matmul_gflop"] == pytest.approx(2 * 2 * 64 * 32 * 48 / 1e9)
