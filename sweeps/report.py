@@ -9,6 +9,7 @@ paper's value where one matches (``sweeps.paper``).
 from __future__ import annotations
 
 import csv
+import math
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -123,18 +124,29 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
     return [md_path, csv_path]
 
 
-def write_plot(table: list[dict[str, Any]], plot: dict[str, str], out: Path) -> Path:
-    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value."""
+def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
+    """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams."""
+    names = key.split("*")
+    if any(hp.get(n) is None for n in names):
+        return False
+    value = math.prod(hp[n] for n in names) if len(names) > 1 else hp[key]
+    return value in want if isinstance(want, list) else value == want
+
+
+def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value, over
+    the rows matching ``plot['where']`` (``{hparam: value or [values]}``, optional)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x_key, series_key = plot["x"], plot.get("series", "feature_map")
+    where = plot.get("where") or {}
     groups: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for r in table:
         hp = r["hparams"]
-        if hp.get(x_key) is None:
+        if hp.get(x_key) is None or not all(_matches(hp, k, v) for k, v in where.items()):
             continue
         name = f"{series_key}={hp.get(series_key)}" if series_key != "feature_map" else \
             str(hp.get("feature_map"))

@@ -94,7 +94,7 @@ class SweepSpec:
     pruner_args: dict[str, Any] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     storage: str | None = None
-    plots: list[dict[str, str]] = field(default_factory=list)
+    plots: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def profile_path(self) -> str:
@@ -140,6 +140,27 @@ def _check_grid(grid: Any) -> dict[str, list[Any]]:
         if width > 1 and not all(isinstance(v, list) and len(v) == width for v in values):
             raise SpecError(f"grid.{key}: zipped keys need lists of {width} values each")
     return grid
+
+
+PLOT_KEYS = {"x", "series", "name", "xscale", "where", "title"}
+
+
+def _check_plots(value: Any) -> list[dict[str, Any]]:
+    """Each plot: a mapping with ``x`` and only :data:`PLOT_KEYS`; ``where`` a mapping."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError("plots must be a list of mappings with an x: key")
+    for i, plot in enumerate(value):
+        if not isinstance(plot, dict) or "x" not in plot:
+            raise SpecError(f"plots[{i}] must be a mapping with an x: key")
+        unknown = sorted(set(plot) - PLOT_KEYS)
+        if unknown:
+            raise SpecError(f"plots[{i}]: unknown key(s) {', '.join(unknown)} "
+                            f"(allowed: {', '.join(sorted(PLOT_KEYS))})")
+        if not isinstance(plot.get("where", {}), dict):
+            raise SpecError(f"plots[{i}].where must map hparams (or a*b products) to values")
+    return list(value)
 
 
 def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
@@ -194,4 +215,4 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
                      metric=objective.get("metric", "val/acc"), direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
-                     plots=list(merged.get("plots") or []))
+                     plots=_check_plots(merged.get("plots")))

@@ -143,6 +143,8 @@ def test_two_workers_split_grid_postgresql(tmp_path):
     ({"storage": "postgresql://nobody@127.0.0.1:1/none"}, "cannot open storage"),
     ({"pruner": "sometimes"}, "pruner must be one of"),
     ({"pruner": {"type": "median", "patience": 3}}, "pruner median: "),
+    ({"plots": [{"series": "p"}]}, "plots[0] must be a mapping with an x: key"),
+    ({"plots": [{"x": "rank", "colour": "red"}]}, "plots[0]: unknown key(s) colour"),
 ])
 def test_bad_spec_one_clear_line(tmp_path, change, needle):
     spec = write_spec(tmp_path, "bad", GRID4)
@@ -183,3 +185,36 @@ def test_median_pruner_reports_every_validation(tmp_path):
     (trial,) = optuna.load_study(study_name="median", storage=url).get_trials()
     assert trial.state == optuna.trial.TrialState.COMPLETE  # a lone trial is never pruned
     assert sorted(trial.intermediate_values) == [3, 6]  # both validations of the epoch
+
+
+def test_plot_where_selects_rows_by_value_and_by_product(tmp_path, monkeypatch):
+    from sweeps import report
+
+    def row(m, rank, acc):
+        return {"hparams": {"m": m, "rank": rank, "p": 2}, "mean": acc, "std": 0.0}
+
+    table = [row(256, 1, 0.5), row(256, 2, 0.6), row(128, 2, 0.7), row(64, 4, 0.8)]
+    seen = {}
+
+    def capture(name, xs, ys):
+        seen[name] = list(zip(xs, ys))
+
+    import matplotlib.axes
+
+    orig = matplotlib.axes.Axes.errorbar
+
+    def spy(self, x, y, *a, **k):
+        capture(k.get("label"), x, y)
+        return orig(self, x, y, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
+    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m": 256}, "name": "a"},
+                      tmp_path)
+    assert seen.pop("p=2") == [(1.0, 50.0), (2.0, 60.0)]
+    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m*rank": 256}, "name": "b"},
+                      tmp_path)
+    assert seen.pop("p=2") == [(1.0, 50.0), (2.0, 70.0), (4.0, 80.0)]  # 256·1, 128·2, 64·4
+    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m": [128, 64]}, "name": "c"},
+                      tmp_path)
+    assert seen.pop("p=2") == [(2.0, 70.0), (4.0, 80.0)]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.png", "b.png", "c.png"]
