@@ -16,7 +16,9 @@ Initialisation of the projections Θ (entries N(0, σ²)), two choices:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -47,64 +49,153 @@ class FeatureMap(nn.Module):
         return {"feature_map": type(self).__name__, "m": self.feature_dim}
 
 
-class _FactorProduct(torch.autograd.Function):
-    """Π_j f_j of ``p`` factors laid side by side: ``(..., p, w) -> (..., w)``.
+CP_BLOCK_ROWS = 1024
+"""Rows per block of :func:`cp_polynomial` on a CPU (0: all rows in one block). A block's
+projections ``(rows, p·t·m)`` are multiplied out while they are still in cache instead of in
+passes over the whole sequence. ``python -m arbench.bench`` times 0, 512, 1024 and 2048 rows
+(table in ``results/bench/bench.md``) and runs with the fastest; :func:`cp_block_rows` sets it."""
 
-    Saves only its input (autograd's chain of products would keep p − 2 partial products) and
-    writes every factor's gradient g·Π_{i≠j} f_i straight into one ``(..., p, w)`` buffer: prefix
-    products go into the buffer, then a running suffix product multiplies them in place, so no
-    ``stack`` of p separate gradients (on a CPU that copy cost as much as the products).
+
+@contextlib.contextmanager
+def cp_block_rows(rows: int) -> Iterator[None]:
+    """Run :func:`cp_polynomial` with blocks of ``rows`` rows (0: one block) inside the block."""
+    global CP_BLOCK_ROWS
+    if not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"cp block rows must be an integer >= 0, got {rows!r}")
+    old, CP_BLOCK_ROWS = CP_BLOCK_ROWS, rows
+    try:
+        yield
+    finally:
+        CP_BLOCK_ROWS = old
+
+
+def _product_into(out: torch.Tensor, factors: torch.Tensor) -> None:
+    """``out = Π_j factors[:, j]``; ``factors``: ``(rows, p, w)``, ``out``: ``(rows, w)``."""
+    torch.mul(factors[:, 0], factors[:, 1], out=out)
+    for j in range(2, factors.shape[1]):
+        out.mul_(factors[:, j])
+
+
+def _product_grad_into(grad: torch.Tensor, factors: torch.Tensor, grad_out: torch.Tensor,
+                       suffix: torch.Tensor) -> None:
+    """``grad[:, j] = grad_out · Π_{i≠j} factors[:, i]`` without a stack of p tensors.
+
+    Prefix products go into ``grad``, then a running suffix product (in ``suffix``, a
+    ``(rows, w)`` scratch buffer) multiplies them in place. ``grad``, ``factors``: ``(rows, p, w)``.
+    """
+    p = factors.shape[1]
+    grad[:, 1].copy_(factors[:, 0])
+    for j in range(2, p):
+        torch.mul(grad[:, j - 1], factors[:, j - 1], out=grad[:, j])  # Π_{i<j} f_i
+    suffix.copy_(grad_out)
+    for j in range(p - 1, 0, -1):
+        grad[:, j].mul_(suffix)  # × grad_out · Π_{i>j} f_i
+        if j > 1:
+            suffix.mul_(factors[:, j])
+    torch.mul(suffix, factors[:, 1], out=grad[:, 0])
+
+
+def _cp_forward(x: torch.Tensor, w: torch.Tensor, p: int, rank: int, block: int,
+                keep: torch.Tensor | None) -> torch.Tensor:
+    """Σ_r Π_j of ``x @ w`` block by block. ``x``: ``(rows, d)``; ``w``: ``(d, p·rank·m)``,
+    factor-major; returns ``(rows, m)``. The projections go into ``keep`` (``(rows, p·rank·m)``,
+    for the backward pass) or, when it is None, into one reused block buffer."""
+    n, width = x.shape[0], w.shape[1] // p
+    m = width // rank
+    out = x.new_empty(n, m)
+    scratch = x.new_empty(min(block, n), p * width) if keep is None else None
+    prod = x.new_empty(min(block, n), width) if rank > 1 else None
+    for i in range(0, n, block):
+        j = min(i + block, n)
+        proj = keep[i:j] if keep is not None else scratch[: j - i]
+        torch.mm(x[i:j], w, out=proj)
+        factors = proj.view(j - i, p, width)
+        if rank == 1:
+            _product_into(out[i:j], factors)
+        else:
+            _product_into(prod[: j - i], factors)
+            torch.sum(prod[: j - i].view(j - i, rank, m), dim=1, out=out[i:j])
+    return out
+
+
+class _BlockedCP(torch.autograd.Function):
+    """:func:`cp_polynomial` on ``(rows, d)`` inputs with a blocked backward.
+
+    Saves the input, the weights and the projections (as autograd would) and computes, block by
+    block, the factors' gradients into one buffer, then ``∂x`` (a matmul into the block's rows)
+    and ``∂w`` (accumulated with ``addmm_``).
     """
 
     @staticmethod
-    def forward(ctx, factors: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(factors)
-        out = torch.mul(factors.select(-2, 0), factors.select(-2, 1))
-        for j in range(2, factors.shape[-2]):
-            out.mul_(factors.select(-2, j))
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, p: int, rank: int,  # type: ignore[override]
+                block: int) -> torch.Tensor:
+        keep = x.new_empty(x.shape[0], w.shape[1])
+        out = _cp_forward(x, w, p, rank, block, keep)
+        ctx.save_for_backward(x, w, keep)
+        ctx.shape = (p, rank, block)
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor) -> torch.Tensor:
-        (factors,) = ctx.saved_tensors
-        p = factors.shape[-2]
-        grad = torch.empty(factors.shape, dtype=factors.dtype, device=factors.device)
-        f = [factors.select(-2, j) for j in range(p)]
-        g = [grad.select(-2, j) for j in range(p)]
-        g[1].copy_(f[0])
-        for j in range(2, p):
-            torch.mul(g[j - 1], f[j - 1], out=g[j])  # g[j] = Π_{i<j} f_i
-        suffix = grad_out
-        for j in range(p - 1, 0, -1):
-            g[j].mul_(suffix)  # × grad_out · Π_{i>j} f_i
-            if j > 1:
-                suffix = suffix * f[j] if suffix is grad_out else suffix.mul_(f[j])
-            else:
-                torch.mul(suffix, f[1], out=g[0])
-        return grad
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        x, w, proj = ctx.saved_tensors
+        p, rank, block = ctx.shape
+        n, width = x.shape[0], w.shape[1] // p
+        m = width // rank
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_w = torch.zeros_like(w) if need_w else None
+        rows = min(block, n)
+        grad = x.new_empty(rows, p, width)
+        suffix = x.new_empty(rows, width)
+        grad_out = grad_out.contiguous()
+        for i in range(0, n, block):
+            j = min(i + block, n)
+            g_out = grad_out[i:j]
+            if rank > 1:  # the rank sum passes the same gradient to every rank
+                g_out = g_out.unsqueeze(1).expand(j - i, rank, m).reshape(j - i, width)
+            g = grad[: j - i]
+            _product_grad_into(g, proj[i:j].view(j - i, p, width), g_out, suffix[: j - i])
+            g = g.view(j - i, p * width)
+            if grad_x is not None:
+                torch.mm(g, w.t(), out=grad_x[i:j])
+            if grad_w is not None:
+                grad_w.addmm_(x[i:j].t(), g)
+        return grad_x, grad_w, None, None, None
+
+
+def _cp_unblocked(x: torch.Tensor, w: torch.Tensor, p: int, rank: int) -> torch.Tensor:
+    """The same sum of products in plain tensor ops (for ``torch.compile`` and GPUs)."""
+    factors = (x @ w).unflatten(-1, (p, w.shape[1] // p))
+    out = factors[..., 0, :]
+    for j in range(1, p):
+        out = out * factors[..., j, :]
+    return out.unflatten(-1, (rank, -1)).sum(dim=-2)
 
 
 def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """Σ_r Π_j x Θ_{j,r} with ``theta`` of shape ``(rank, p, d, m)``.
 
     One matmul of x against all ``rank·p`` projections concatenated (factor-major, so factor j
-    of every rank is one contiguous block of ``rank·m`` columns), then a product over p
-    (:class:`_FactorProduct` when a gradient is needed, in place otherwise) and a sum over rank.
+    of every rank is one contiguous block of ``rank·m`` columns), a product over p and a sum
+    over rank. On a CPU the rows go through in blocks of :data:`CP_BLOCK_ROWS` (forward and a
+    hand-written backward, :class:`_BlockedCP`); under ``torch.compile`` and on GPUs the plain
+    tensor form is used, which the compiler or the device's bandwidth handles well.
     ``x``: ``(..., d)``; returns ``(..., m)``.
     """
     rank, p, d, m = theta.shape
-    proj = x @ theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (..., p*rank*m)
-    factors = proj.unflatten(-1, (p, rank * m))  # (..., p, rank*m)
+    w = theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (d, p*rank*m)
     if p == 1:
-        out = factors.squeeze(-2)
-    elif torch.is_grad_enabled() and (x.requires_grad or theta.requires_grad):
-        out = _FactorProduct.apply(factors)
+        return (x @ w).unflatten(-1, (rank, m)).sum(dim=-2)
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return _cp_unblocked(x, w, p, rank)
+    x2 = x.reshape(-1, d).contiguous()
+    w = w.to(x2.dtype).contiguous()
+    block = CP_BLOCK_ROWS or max(x2.shape[0], 1)
+    if torch.is_grad_enabled() and (x.requires_grad or theta.requires_grad):
+        out = _BlockedCP.apply(x2, w, p, rank, block)
     else:
-        out = torch.mul(factors.select(-2, 0), factors.select(-2, 1))
-        for j in range(2, p):
-            out.mul_(factors.select(-2, j))
-    out = out.unflatten(-1, (rank, m))
-    return out.squeeze(-2) if rank == 1 else out.sum(dim=-2)
+        out = _cp_forward(x2, w, p, rank, block, None)
+    return out.view(*x.shape[:-1], m)
 
 
 class LLoPS(FeatureMap):

@@ -54,6 +54,23 @@ def test_csv_has_every_method_n_pass(smoke):
     assert {c["verdict"] for c in result["targets"]["checks"]} <= {"PASS", "MISS", "n/a"}
 
 
+def test_cp_block_rows_tuned_and_restored(smoke):
+    from arbench import featuremaps
+
+    cfg, result, out = smoke
+    blocks = result["cp_blocks"]
+    assert blocks["methods"] == ["llops_p4_t1", "llops_p6_t4"]
+    assert {(r["method"], r["rows"]) for r in blocks["table"]} == set(
+        product(blocks["methods"], cfg.cp_block_rows))
+    assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in blocks["table"])
+    assert blocks["chosen"] in cfg.cp_block_rows
+    assert f"rows per block (0 = one block): **{blocks['chosen']}**" in (out / "bench.md").read_text()
+    assert featuremaps.CP_BLOCK_ROWS == 1024  # the run's choice does not leak out of it
+    with pytest.raises(ValueError, match="cp block rows must be an integer >= 0, got -1"):
+        with featuremaps.cp_block_rows(-1):
+            pass
+
+
 def test_training_rows(smoke):
     _, result, _ = smoke
     keys = {(r["spec"], r["head"]) for r in result["train"]}

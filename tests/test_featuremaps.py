@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from arbench import featuremaps
 from arbench.featuremaps import Based, EluPlusOne, Flatten, LLoPS, PolySketch, cp_polynomial
 
 
@@ -146,15 +147,28 @@ def test_batched_shapes():
 
 
 
-@pytest.mark.parametrize("p", [2, 3, 5])
-def test_cp_polynomial_gradient_matches_finite_differences(p):
+@pytest.mark.parametrize("p,rank,rows", [(2, 2, 4), (3, 1, 5), (5, 2, 24), (2, 3, 1)])
+def test_cp_polynomial_blocks_match_the_definition(monkeypatch, p, rank, rows):
+    # blocks of 4 rows over 2·3·4 = 24 rows: several blocks, and the last one short when rows=5
+    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
     torch.manual_seed(p)
-    x = torch.randn(2, 3, 4, dtype=torch.double, requires_grad=True)
-    theta = torch.randn(2, p, 4, 3, dtype=torch.double, requires_grad=True)
+    x = torch.randn(2, 3, 4, 4, dtype=torch.double, requires_grad=True)[:, :, 1:]  # strided
+    theta = torch.randn(rank, p, 4, 3, dtype=torch.double, requires_grad=True)
     assert torch.autograd.gradcheck(cp_polynomial, (x, theta))
-    with torch.no_grad():  # the in-place product gives the same value
-        fast = cp_polynomial(x, theta)
-    torch.testing.assert_close(fast, cp_polynomial(x, theta))
     want = sum(torch.prod(torch.stack([x @ theta[r, j] for j in range(p)]), dim=0)
-               for r in range(2))
+               for r in range(rank))
     torch.testing.assert_close(cp_polynomial(x, theta), want)
+    with torch.no_grad():  # the inference path (one reused block buffer) gives the same value
+        torch.testing.assert_close(cp_polynomial(x, theta), want)
+    x_only = x.detach().requires_grad_()  # gradient for the input alone, and for theta alone
+    (gx,) = torch.autograd.grad(cp_polynomial(x_only, theta.detach()).sum(), x_only)
+    (gx_want,) = torch.autograd.grad(want.sum(), x)
+    torch.testing.assert_close(gx, gx_want)
+    assert torch.autograd.gradcheck(lambda th: cp_polynomial(x.detach(), th), (theta,))
+
+
+def test_cp_polynomial_compiled_form_matches_blocked():
+    torch.manual_seed(0)
+    x, theta = torch.randn(3, 7, 8), torch.randn(2, 4, 8, 5)
+    w = theta.permute(2, 1, 0, 3).reshape(8, -1)
+    torch.testing.assert_close(featuremaps._cp_unblocked(x, w, 4, 2), cp_polynomial(x, theta))

@@ -15,9 +15,9 @@ from arbench.bench.run import run_benchmark
 # options whose BenchConfig field has another name; every other option has its field's name
 _RENAMES = {"p": "ps", "out": "out_dir"}
 _OPTIONS = ("seq_lens", "batch", "heads", "head_dim", "m", "p", "ranks", "based_r", "baseline_p",
-            "chunk_sizes", "tune_n", "normalize", "softmax_bwd_max_n", "device", "repeats",
-            "min_sample_s", "matmul_size", "methods", "train_samples", "out", "seed")
-_TUPLES = {"seq_lens", "p", "ranks", "chunk_sizes", "methods"}
+            "chunk_sizes", "tune_n", "cp_block_rows", "normalize", "softmax_bwd_max_n", "device",
+            "repeats", "min_sample_s", "matmul_size", "methods", "train_samples", "out", "seed")
+_TUPLES = {"seq_lens", "p", "ranks", "chunk_sizes", "cp_block_rows", "methods"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,7 +36,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline-p", type=int, help=f"Flatten/PolySketch p (default {d.baseline_p})")
     ap.add_argument("--chunk-sizes", type=int, nargs="+",
                     help=f"chunk sizes to tune over; one value = no tuning (default {d.chunk_sizes})")
-    ap.add_argument("--tune-n", type=int, help=f"tokens for chunk tuning (default {d.tune_n})")
+    ap.add_argument("--tune-n", type=int,
+                    help=f"tokens for chunk and block tuning (default {d.tune_n})")
+    ap.add_argument("--cp-block-rows", type=int, nargs="+",
+                    help="rows per block of the LLoPS/PolySketch feature maps to tune over "
+                         f"(0 = one block); one value = no tuning (default {d.cp_block_rows})")
     ap.add_argument("--normalize", choices=["signed", "abs", "none"],
                     help=f"denominator of the linear layers (default {d.normalize})")
     ap.add_argument("--softmax-bwd-max-n", type=int,

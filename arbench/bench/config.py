@@ -39,7 +39,10 @@ class BenchConfig:
     ``repeats``: timed rounds (each round visits every case once, methods in rotated order).
     ``min_sample_s``: a timed sample loops a case until it lasts at least this long (seconds).
     ``chunk_sizes``: candidates for the chunked form; with several, the fastest at
-    ``tune_n`` tokens is used. ``train_samples``: timed steps per training size and head.
+    ``tune_n`` tokens is used. ``cp_block_rows``: candidates for the rows per block of the
+    CP-polynomial feature maps (``arbench.featuremaps.CP_BLOCK_ROWS``; 0 = one block), tuned
+    the same way on the LLoPS layers (CPU only). ``train_samples``: timed steps per training
+    size and head.
     ``softmax_bwd_max_n``: softmax forward+backward is skipped above this n (on 2 CPU cores
     SDPA's backward takes ~10 s at n = 16384); 0 = never skipped.
     ``normalize``: the linear layers' denominator; ``"none"`` is the recall model's default.
@@ -58,6 +61,7 @@ class BenchConfig:
     baseline_p: int = 4
     chunk_sizes: tuple[int, ...] = (64, 128, 256)
     tune_n: int = 8192
+    cp_block_rows: tuple[int, ...] = (0, 512, 1024, 2048)
     normalize: str = "none"
     softmax_bwd_max_n: int = 4096
     device: str = field(default_factory=default_device)
@@ -80,6 +84,7 @@ class BenchConfig:
 def smoke_config(**overrides: object) -> BenchConfig:
     """Tiny sizes, one repeat: seconds on a CPU (tests, CI)."""
     base = BenchConfig(seq_lens=(64, 128), head_dim=16, m=16, based_r=4, chunk_sizes=(16, 32),
+                       cp_block_rows=(0, 32),
                        tune_n=128, repeats=1, min_sample_s=0.0, matmul_size=256,
                        matmul_repeats=3, check_n=48, train_specs=SMOKE_TRAIN, train_samples=1,
                        out_dir="results/bench_smoke", smoke=True)

@@ -284,6 +284,15 @@ def _header_section(result: dict) -> list[str]:
         lines += _table(["chunk", "fwd ms", "fwd+bwd ms"],
                         [[str(r["chunk"]), f"{r['fwd_ms']:.1f}", f"{r['fwd_bwd_ms']:.1f}"]
                          for r in chunk["table"]]) + [""]
+    blocks = result.get("cp_blocks")
+    if blocks:
+        lines += [f"- CP feature-map rows per block (0 = one block): **{blocks['chosen']}**"
+                  + (f" (smallest forward+backward total of {' + '.join(blocks['methods'])} at "
+                     f"n={blocks['n']})" if blocks["table"] else " (given)"), ""]
+    if blocks and blocks["table"]:
+        lines += _table(["method", "rows per block", "fwd ms", "fwd+bwd ms"],
+                        [[r["method"], str(r["rows"]), f"{r['fwd_ms']:.1f}",
+                          f"{r['fwd_bwd_ms']:.1f}"] for r in blocks["table"]]) + [""]
     if result["forms"]:
         worst = max(result["forms"], key=lambda r: r["rel_err"])
         lines += [f"Chunked vs quadratic form (n={worst['n']}, chunk {worst['chunk']}, every linear "

@@ -31,6 +31,7 @@ from arbench.bench.memory import MiB, measure_memory
 from arbench.bench.report import target_checks, write_outputs
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
+from arbench.featuremaps import cp_block_rows
 
 Log = Callable[[str], None]
 
@@ -68,6 +69,54 @@ def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
     chosen = min(cfg.chunk_sizes, key=lambda c: med[(c, "fwd_bwd")])
     log(f"chunk size: {chosen} (fastest forward+backward of {method.name} at n={cfg.tune_n})")
     return {"chosen": chosen, "method": method.name, "n": cfg.tune_n, "table": table}
+
+
+def block_tuning_methods(methods: list[Method]) -> list[Method]:
+    """LLoPS p=4, t=1 and the LLoPS layer with the most factors p·t (the widest projections)."""
+    llops = [m for m in methods if m.family == "llops" and not m.compiled]
+    if not llops:
+        return []
+    widest = max(llops, key=lambda m: m.p * m.rank)
+    first = tuning_method(llops)
+    return [first] if first is widest else [first, widest]
+
+
+def tune_cp_block_rows(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
+    """Time each of ``cfg.cp_block_rows`` at ``cfg.tune_n`` tokens on the
+    :func:`block_tuning_methods` (forward and forward+backward, interleaved); choose the one
+    with the smallest sum of forward+backward medians. On a GPU the feature maps are not
+    blocked and nothing is tuned."""
+    tuned = block_tuning_methods(methods)
+    if len(cfg.cp_block_rows) == 1 or not tuned or torch.device(cfg.device).type != "cpu":
+        return {"chosen": cfg.cp_block_rows[0], "methods": [], "n": None, "table": []}
+    inputs = make_inputs(cfg, cfg.tune_n)
+    cases = []
+    for method in tuned:
+        layer = build_layer(method, cfg, cfg.chunk_sizes[0])
+        for rows in cfg.cp_block_rows:
+            for pass_ in PASSES:
+                call = make_call(layer, inputs, pass_)
+                cases.append(Case((method.name, rows, pass_), _with_block_rows(rows, call)))
+    for case in cases:
+        warm_up(case, cfg.device, cfg.min_sample_s)
+    round_robin([cases], max(cfg.repeats, 3), cfg.device)
+    med = {case.key: summary(case.samples)["median"] for case in cases}
+    table = [{"method": m.name, "rows": r, "fwd_ms": 1e3 * med[(m.name, r, "fwd")],
+              "fwd_bwd_ms": 1e3 * med[(m.name, r, "fwd_bwd")]}
+             for m in tuned for r in cfg.cp_block_rows]
+    chosen = min(cfg.cp_block_rows, key=lambda r: sum(med[(m.name, r, "fwd_bwd")] for m in tuned))
+    names = " + ".join(m.name for m in tuned)
+    log(f"cp block rows: {chosen} (fastest forward+backward of {names} at n={cfg.tune_n})")
+    return {"chosen": chosen, "methods": [m.name for m in tuned], "n": cfg.tune_n,
+            "table": table}
+
+
+def _with_block_rows(rows: int, call: Callable[[], None]) -> Callable[[], None]:
+    """``call`` with ``cp_block_rows(rows)`` for its duration."""
+    def run() -> None:
+        with cp_block_rows(rows):
+            call()
+    return run
 
 
 def _with_chunk(layer: torch.nn.Module, chunk: int, call: Callable[[], None]) -> Callable[[], None]:
@@ -188,18 +237,21 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
     peak = matmul["median"]
     log(f"fp32 matmul {cfg.matmul_size}^2: {peak:.1f} GFLOP/s "
         f"(min {matmul['min']:.1f}, max {matmul['max']:.1f})")
-    chunk = tune_chunk_size(cfg, methods, log)
-    layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
-    forms = check_forms(cfg, layers, methods, chunk["chosen"])
-    compiled = check_compiled(cfg, layers, methods)
-    cases = time_layers(cfg, layers, methods, log)
-    memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
-    if memory:
-        log(f"memory measured ({memory['method']})")
-    train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed,
-                             compiled=bool(cfg.compile)) if cfg.train else []
+    blocks = tune_cp_block_rows(cfg, methods, log)
+    with cp_block_rows(blocks["chosen"]):
+        chunk = tune_chunk_size(cfg, methods, log)
+        layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
+        forms = check_forms(cfg, layers, methods, chunk["chosen"])
+        compiled = check_compiled(cfg, layers, methods)
+        cases = time_layers(cfg, layers, methods, log)
+        memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
+        if memory:
+            log(f"memory measured ({memory['method']})")
+        train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed,
+                                 compiled=bool(cfg.compile)) if cfg.train else []
     result = {"meta": {**machine_info(cfg.device), "command": command, "heap_kept": heap_kept},
-              "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "forms": forms,
+              "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "cp_blocks": blocks,
+              "forms": forms,
               "compiled_check": compiled,
               "rows": layer_rows(cfg, layers, methods, cases, peak, memory),
               "memory": _memory_meta(memory), "train": train}
