@@ -63,6 +63,37 @@ def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: in
     return torch.stack(outs, dim=-2)
 
 
+class _RunningSum(torch.autograd.Function):
+    """Inclusive running sum over the chunk axis (dim −3) of ``(..., nc, m, dv)``, in place.
+
+    A loop of in-place adds over chunks (not tokens). On the 2-core CPU ``torch.cumsum`` over
+    that axis ran several times slower alone (nc = 63, m = 256, dv = 128: 7.5 ms against
+    1.0 ms; power-of-two strides); in whole layers at n = 4k–16k, chunk 256, this made them
+    1.00–1.09× faster (interleaved A/B, medians of 7). The backward is the reverse sum.
+    """
+
+    @staticmethod
+    def forward(ctx, states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        for i in range(1, states.shape[-3]):
+            states[..., i, :, :].add_(states[..., i - 1, :, :])
+        ctx.mark_dirty(states)
+        return states
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.clone()
+        for i in range(grad.shape[-3] - 2, -1, -1):
+            grad[..., i, :, :].add_(grad[..., i + 1, :, :])
+        return grad
+
+
+def running_sum(states: torch.Tensor) -> torch.Tensor:
+    """``states.cumsum(dim=-3)``; on a CPU in eager mode in place (:class:`_RunningSum`)."""
+    if states.device.type != "cpu" or torch.compiler.is_compiling():
+        return states.cumsum(dim=-3)
+    return _RunningSum.apply(states)
+
+
 def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """Exact causal products inside chunks of ``c`` rows plus the state carried between chunks.
 
@@ -80,7 +111,7 @@ def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int)
     fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))
     out = (fc @ gc.transpose(-1, -2)).tril_() @ vc  # intra-chunk, (..., nc, c, dv)
     if nc > 1:
-        states = (gc[..., :-1, :, :].transpose(-1, -2) @ vc[..., :-1, :, :]).cumsum(dim=-3)
+        states = running_sum(gc[..., :-1, :, :].transpose(-1, -2) @ vc[..., :-1, :, :])
         out[..., 1:, :, :] += fc[..., 1:, :, :] @ states  # (..., nc-1, c, dv)
     return out.flatten(-3, -2)[..., :n, :]
 
