@@ -49,7 +49,7 @@ class FeatureMap(nn.Module):
         return {"feature_map": type(self).__name__, "m": self.feature_dim}
 
 
-CP_BLOCK_ROWS = 1024
+CP_BLOCK_ROWS = 512
 """Rows per block of :func:`cp_polynomial` on a CPU (0: all rows in one block). A block's
 projections ``(rows, p·t·m)`` are multiplied out while they are still in cache instead of in
 passes over the whole sequence. ``python -m arbench.bench`` times 0, 512, 1024 and 2048 rows

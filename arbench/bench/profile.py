@@ -3,7 +3,7 @@
 Runs ``torch.profiler`` over a few calls of each case and writes ``profile.md`` (and
 ``profile.json``): per case, the self CPU time of every operator grouped into
 
-- ``matmul``: ``mm``/``bmm``/``addmm``/``baddbmm``/``linear`` (their FLOP/s is shown; it is
+- ``matmul``: ``mm``/``bmm``/``addmm``/``addmm_``/``baddbmm``/``linear`` (their FLOP/s is shown; it is
   what the benchmark's fraction-of-peak is made of),
 - ``elementwise``: pointwise arithmetic and reductions (``mul``, ``add``, ``sum``, ``pow``,
   norms, activations, the optimizer's ``_foreach`` updates) — memory-bound on a CPU,
@@ -34,8 +34,8 @@ from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
 from arbench.data.mqar import generate_mqar
 
-MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::linear",
-          "aten::matmul")
+MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
+          "aten::linear", "aten::matmul")
 MEMORY = ("copy_", "cat", "stack", "zeros", "empty", "clone", "contiguous", "fill_", "zero_",
           "pad", "constant_pad_nd", "to", "_to_copy", "new_zeros", "ones", "index_put",
           "resize_", "as_strided_scatter", "expand_as")
@@ -59,21 +59,32 @@ def category(name: str) -> str:
     return "other"
 
 
+def _flops(ev: object) -> float:
+    """The profiler's FLOP count of an event group, and ``2·M·K·N`` per ``addmm_`` call
+    (the in-place form, which the profiler does not count; shapes: self, mat1, mat2)."""
+    if ev.key == "aten::addmm_" and len(ev.input_shapes) >= 3:  # type: ignore[attr-defined]
+        (m, k), (_, n) = ev.input_shapes[1][:2], ev.input_shapes[2][:2]  # type: ignore[attr-defined]
+        return 2.0 * m * k * n * ev.count  # type: ignore[attr-defined]
+    return float(ev.flops or 0)  # type: ignore[attr-defined]
+
+
 def profile_case(fn: Callable[[], None], calls: int) -> dict:
     """Warm ``fn`` up twice, profile ``calls`` calls; per-call ms by category and top operators."""
     fn(), fn()
-    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True, record_shapes=True) as prof:
         for _ in range(calls):
             fn()
-    events = prof.key_averages()
-    ops = []
-    for ev in events:
+    merged: dict[str, dict] = {}
+    for ev in prof.key_averages(group_by_input_shape=True):
         # self time only, so nested aten calls are not counted twice
         if ev.self_cpu_time_total <= 0:
             continue
-        ops.append({"op": ev.key, "self_ms": ev.self_cpu_time_total / 1e3 / calls,
-                    "calls": ev.count // calls, "gflop": (ev.flops or 0) / 1e9 / calls,
-                    "category": category(ev.key)})
+        op = merged.setdefault(ev.key, {"op": ev.key, "self_ms": 0.0, "calls": 0, "gflop": 0.0,
+                                        "category": category(ev.key)})
+        op["self_ms"] += ev.self_cpu_time_total / 1e3 / calls
+        op["calls"] += ev.count // calls
+        op["gflop"] += _flops(ev) / 1e9 / calls
+    ops = list(merged.values())
     ops.sort(key=lambda o: o["self_ms"], reverse=True)
     total = sum(o["self_ms"] for o in ops)
     by_cat = {c: sum(o["self_ms"] for o in ops if o["category"] == c)
