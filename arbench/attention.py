@@ -63,35 +63,95 @@ def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: in
     return torch.stack(outs, dim=-2)
 
 
-class _RunningSum(torch.autograd.Function):
-    """Inclusive running sum over the chunk axis (dim −3) of ``(..., nc, m, dv)``, in place.
+def _running_sum_(states: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """In place: inclusive running sum over the chunk axis (dim −3) of ``(..., nc, m, dv)``,
+    from the last chunk back when ``reverse``. Returns ``states``.
 
-    A loop of in-place adds over chunks (not tokens). On the 2-core CPU ``torch.cumsum`` over
-    that axis ran several times slower alone (nc = 63, m = 256, dv = 128: 7.5 ms against
-    1.0 ms; power-of-two strides); in whole layers at n = 4k–16k, chunk 256, this made them
-    1.00–1.09× faster (interleaved A/B, medians of 7). The backward is the reverse sum.
+    On a CPU a loop of in-place adds over chunks (not tokens): ``torch.cumsum`` over that axis
+    ran several times slower there (nc = 63, m = 256, dv = 128: 7.5 ms against 1.0 ms;
+    power-of-two strides). Elsewhere ``cumsum``.
+    """
+    nc = states.shape[-3]
+    if states.device.type != "cpu":
+        summed = states.flip(-3).cumsum(dim=-3).flip(-3) if reverse else states.cumsum(dim=-3)
+        return states.copy_(summed)
+    order = range(nc - 2, -1, -1) if reverse else range(1, nc)
+    step = 1 if reverse else -1
+    for i in order:
+        states[..., i, :, :].add_(states[..., i + step, :, :])
+    return states
+
+
+def _add_bmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b`` for ``(B, k, rows, cols)`` slices: fused (``baddbmm`` into ``out``)
+    when B = 1, where the slice is one contiguous batch of matrices, else a matmul and an add.
+    (The ``out=`` form rather than ``baddbmm_``: the same kernel, and FLOP counters see it.)"""
+    if out.shape[0] == 1:
+        torch.baddbmm(out[0], a[0], b[0], out=out[0])
+    else:
+        out.add_(a @ b)
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Chunked causal linear attention on padded ``(B, nc·c, ·)`` inputs with a hand-written
+    backward: every gradient is accumulated into its own buffer (``baddbmm_``, slices in
+    place), so none of autograd's zero-filled slice gradients and sums over the whole sequence.
+
+    Forward: ``O_i = tril(F_i G_iᵀ) V_i + F_i S_i`` with ``S_i = Σ_{j<i} G_jᵀ V_j``.
+    Backward, with ``A_i = tril(F_i G_iᵀ)`` and ``D_i = ∂O_i``::
+
+        ∂A_i = tril(D_i V_iᵀ),  ∂F_i = ∂A_i G_i + D_i S_iᵀ,  ∂G_i = ∂A_iᵀ F_i + V_i T_iᵀ,
+        ∂V_i = A_iᵀ D_i + G_i T_i,   T_i = Σ_{j>i} F_jᵀ D_j  (a reverse running sum).
+
+    Saves f, g, v, the masked scores ``A`` (``(B, nc, c, c)``, linear in n) and the states.
     """
 
     @staticmethod
-    def forward(ctx, states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        for i in range(1, states.shape[-3]):
-            states[..., i, :, :].add_(states[..., i - 1, :, :])
-        ctx.mark_dirty(states)
-        return states
+    def forward(ctx, f: torch.Tensor, g: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
+                c: int) -> torch.Tensor:
+        (b, n, m), dv = f.shape, v.shape[-1]
+        nc = n // c
+        fc, gc, vc = f.view(b, nc, c, m), g.view(b, nc, c, m), v.view(b, nc, c, dv)
+        scores = (fc @ gc.transpose(-1, -2)).tril_()  # (b, nc, c, c)
+        out = scores @ vc  # (b, nc, c, dv)
+        states = None
+        if nc > 1:
+            states = _running_sum_(gc[:, :-1].transpose(-1, -2) @ vc[:, :-1])  # (b, nc-1, m, dv)
+            _add_bmm_(out[:, 1:], fc[:, 1:], states)
+        ctx.save_for_backward(f, g, v, scores, states)
+        ctx.c = c
+        return out.view(b, n, dv)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        grad = grad.clone()
-        for i in range(grad.shape[-3] - 2, -1, -1):
-            grad[..., i, :, :].add_(grad[..., i + 1, :, :])
-        return grad
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        f, g, v, scores, states = ctx.saved_tensors
+        c = ctx.c
+        (b, n, m), dv = f.shape, v.shape[-1]
+        nc = n // c
+        fc, gc, vc = f.view(b, nc, c, m), g.view(b, nc, c, m), v.view(b, nc, c, dv)
+        d = grad_out.contiguous().view(b, nc, c, dv)
+        d_scores = (d @ vc.transpose(-1, -2)).tril_()  # (b, nc, c, c)
+        grad_f = d_scores @ gc
+        grad_g = d_scores.transpose(-1, -2) @ fc
+        grad_v = scores.transpose(-1, -2) @ d
+        if nc > 1:
+            _add_bmm_(grad_f[:, 1:], d[:, 1:], states.transpose(-1, -2))
+            later = _running_sum_(fc[:, 1:].transpose(-1, -2) @ d[:, 1:], reverse=True)
+            _add_bmm_(grad_g[:, :-1], vc[:, :-1], later.transpose(-1, -2))
+            _add_bmm_(grad_v[:, :-1], gc[:, :-1], later)
+        return grad_f.view(b, n, m), grad_g.view(b, n, m), grad_v.view(b, n, dv), None
 
 
-def running_sum(states: torch.Tensor) -> torch.Tensor:
-    """``states.cumsum(dim=-3)``; on a CPU in eager mode in place (:class:`_RunningSum`)."""
-    if states.device.type != "cpu" or torch.compiler.is_compiling():
-        return states.cumsum(dim=-3)
-    return _RunningSum.apply(states)
+def _chunked_plain(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, c: int) -> torch.Tensor:
+    """The same as :class:`_ChunkedAttention` in autograd-traced tensor ops (for
+    ``torch.compile``). ``f, g``: ``(..., nc·c, m)``; ``v``: ``(..., nc·c, dv)``."""
+    nc = f.shape[-2] // c
+    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))
+    out = (fc @ gc.transpose(-1, -2)).tril_() @ vc  # intra-chunk, (..., nc, c, dv)
+    if nc > 1:
+        states = (gc[..., :-1, :, :].transpose(-1, -2) @ vc[..., :-1, :, :]).cumsum(dim=-3)
+        out[..., 1:, :, :] += fc[..., 1:, :, :] @ states  # (..., nc-1, c, dv)
+    return out.flatten(-3, -2)
 
 
 def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -100,20 +160,20 @@ def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int)
     The intra-chunk scores are masked in place (``tril_``); the state before chunk i,
     ``S_i = Σ_{j<i} G_jᵀ V_j``, is the running sum of the per-chunk states of chunks ``0..nc-2``
     (the last chunk's state is never read), and ``F_i S_i`` is added in place to the rows of
-    chunks ``1..nc-1``: no mask tensor, no zero state, no concatenation.
+    chunks ``1..nc-1``: no mask tensor, no zero state, no concatenation. Eager mode runs
+    :class:`_ChunkedAttention` (its own backward); ``torch.compile`` traces the plain form.
     """
     *lead, n, m = f.shape
     c = min(chunk_size, n)
     pad = (-n) % c
     if pad:  # zero features add nothing to the state; padded outputs are dropped
         f, g, v = (F.pad(t, (0, 0, 0, pad)) for t in (f, g, v))
-    nc = (n + pad) // c
-    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))
-    out = (fc @ gc.transpose(-1, -2)).tril_() @ vc  # intra-chunk, (..., nc, c, dv)
-    if nc > 1:
-        states = running_sum(gc[..., :-1, :, :].transpose(-1, -2) @ vc[..., :-1, :, :])
-        out[..., 1:, :, :] += fc[..., 1:, :, :] @ states  # (..., nc-1, c, dv)
-    return out.flatten(-3, -2)[..., :n, :]
+    if torch.compiler.is_compiling():
+        out = _chunked_plain(f, g, v, c)
+    else:
+        flat = [t.reshape(-1, *t.shape[-2:]).contiguous() for t in (f, g, v)]
+        out = _ChunkedAttention.apply(*flat, c).view(*lead, n + pad, v.shape[-1])
+    return out[..., :n, :]
 
 
 _FORMS = {"quadratic": _quadratic, "recurrent": _recurrent, "chunked": _chunked}

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from arbench.attention import linear_attention, running_sum, safe_denominator, softmax_attention
+from arbench import attention
+from arbench.attention import linear_attention, safe_denominator, softmax_attention
 
 
 def rand_inputs(n, m=6, dv=5, b=2, h=3, signed=False, seed=0):
@@ -40,10 +41,24 @@ def test_chunked_gradients_match_quadratic(normalize):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_running_sum_is_cumsum_over_chunks_with_its_gradient():
-    x = torch.randn(2, 3, 6, 4, 5, dtype=torch.double, requires_grad=True)
-    torch.testing.assert_close(running_sum(x.detach().clone()), x.detach().cumsum(dim=-3))
-    assert torch.autograd.gradcheck(lambda t: running_sum(t * 1.0), (x,))
+@pytest.mark.parametrize("reverse", [False, True])
+def test_running_sum_over_chunks(reverse):
+    x = torch.randn(2, 3, 6, 4, 5)
+    want = x.flip(-3).cumsum(dim=-3).flip(-3) if reverse else x.cumsum(dim=-3)
+    torch.testing.assert_close(attention._running_sum_(x.clone(), reverse=reverse), want)
+
+
+@pytest.mark.parametrize("b,n,c", [(1, 24, 8), (3, 24, 8), (2, 8, 8), (1, 40, 4)])
+def test_chunked_backward_is_the_exact_gradient(b, n, c):
+    # float64 straight into the Function (linear_attention computes in float32)
+    gen = torch.Generator().manual_seed(n + b)
+    f, g = (torch.randn(b, n, 5, generator=gen, dtype=torch.double) for _ in range(2))
+    v = torch.randn(b, n, 3, generator=gen, dtype=torch.double)
+    args = [t.requires_grad_() for t in (f, g, v)]
+    assert torch.autograd.gradcheck(lambda *t: attention._ChunkedAttention.apply(*t, c), args)
+    with torch.no_grad():
+        plain = attention._chunked_plain(f, g, v, c)
+    torch.testing.assert_close(attention._ChunkedAttention.apply(f, g, v, c), plain)
 
 
 def test_matches_explicit_definition():
