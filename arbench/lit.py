@@ -35,8 +35,8 @@ class LitRecall(L.LightningModule):
 
     ``compile=True`` runs the model body (embedding, blocks, final norm) through
     ``torch.compile``: a one-off compile of 10–30 s, then a faster step (on 2 CPU cores the
-    LLoPS p=4 step of the ``cpu`` profile took 0.65× the eager time; see results/bench). The
-    head stays eager (it gathers the answer positions, a data-dependent shape).
+    LLoPS p=4 step of the ``cpu`` profile took 0.90× the eager time; results/bench/compile).
+    The head stays eager (it gathers the answer positions, a data-dependent shape).
     """
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
