@@ -140,6 +140,7 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     x_key, series_key = plot["x"], plot.get("series", "feature_map")
     where = plot.get("where") or {}
@@ -158,6 +159,10 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
                     marker="o", capsize=3, label=name)
     if plot.get("xscale") == "log":
         ax.set_xscale("log")
+        xs = sorted({x for pts in groups.values() for x, _, _ in pts})
+        if 0 < len(xs) <= 8:  # label the grid's own values, not powers of ten
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(x_key)
     ax.set_ylabel("accuracy % (mean ± std over seeds)")
     ax.set_title(plot.get("title", f"accuracy vs {x_key}"))
