@@ -142,3 +142,18 @@ def test_profile_groups_operators_and_counts_matmul_flops():
     acc = torch.zeros(64, 48)
     result = profile_case(lambda: acc.addmm_(a, b), calls=2)  # the profiler does not count it
     assert result["matmul_gflop"] == pytest.approx(2 * 64 * 32 * 48 / 1e9)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cp-block-rows", "0", "-1"], "error: --cp-block-rows must be >= 0, got -1"),
+    (["--chunk-sizes", "0"], "error: --chunk-sizes must be >= 1, got 0"),
+    (["--seq-lens", "64", "-8"], "error: --seq-lens must be >= 1, got -8"),
+    (["--min-sample-s", "-0.5"], "error: --min-sample-s must be >= 0, got -0.5"),
+])
+def test_bench_cli_bad_sizes_one_line(capsys, argv, message):
+    from arbench.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", *argv])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]

@@ -18,6 +18,11 @@ _OPTIONS = ("seq_lens", "batch", "heads", "head_dim", "m", "p", "ranks", "based_
             "chunk_sizes", "tune_n", "cp_block_rows", "normalize", "softmax_bwd_max_n", "device",
             "repeats", "min_sample_s", "matmul_size", "methods", "train_samples", "out", "seed")
 _TUPLES = {"seq_lens", "p", "ranks", "chunk_sizes", "cp_block_rows", "methods"}
+# lower bounds of the numeric options (0 means something for the second group)
+_AT_LEAST = {**dict.fromkeys(("seq_lens", "batch", "heads", "head_dim", "m", "p", "ranks",
+                              "based_r", "baseline_p", "chunk_sizes", "tune_n", "repeats",
+                              "matmul_size", "train_samples"), 1),
+             **dict.fromkeys(("cp_block_rows", "softmax_bwd_max_n", "min_sample_s"), 0)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +69,15 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Raise ``ValueError`` naming the option for a size below its bound (:data:`_AT_LEAST`)."""
+    for opt, low in _AT_LEAST.items():
+        value = getattr(args, opt)
+        for v in value if isinstance(value, list) else [] if value is None else [value]:
+            if v < low:
+                raise ValueError(f"--{opt.replace('_', '-')} must be >= {low}, got {v}")
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The smoke or default profile, overridden by the options given."""
     cfg = smoke_config() if args.smoke else BenchConfig()
@@ -87,7 +101,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(argv: list[str] | None = None) -> dict:
     """Parse ``argv``, run the benchmark, print the target checks; returns the result dict."""
     argv = sys.argv[1:] if argv is None else argv
-    cfg = config_from_args(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    cfg = config_from_args(args)
     result = run_benchmark(cfg, command=shlex.join(["python", "-m", "arbench.bench", *argv]))
     print(f"\nfp32 matmul: {result['matmul']['median']:.1f} GFLOP/s")
     for check in result["targets"]["checks"]:
