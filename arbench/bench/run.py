@@ -47,6 +47,14 @@ def tuning_method(methods: list[Method]) -> Method | None:
     return (preferred or linear or [None])[0]
 
 
+def _interleaved_medians(cfg: BenchConfig, cases: list[Case]) -> dict:
+    """Warm every case up, time them in interleaved rounds (at least 3); median s per key."""
+    for case in cases:
+        warm_up(case, cfg.device, cfg.min_sample_s)
+    round_robin([cases], max(cfg.repeats, 3), cfg.device)
+    return {case.key: summary(case.samples)["median"] for case in cases}
+
+
 def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
     """Time each of ``cfg.chunk_sizes`` at ``cfg.tune_n`` tokens (forward and forward+backward,
     interleaved); choose the one with the fastest forward+backward median."""
@@ -60,10 +68,7 @@ def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
         for pass_ in PASSES:
             call = make_call(layer, inputs, pass_)
             cases.append(Case((c, pass_), _with_chunk(layer, c, call)))
-    for case in cases:
-        warm_up(case, cfg.device, cfg.min_sample_s)
-    round_robin([cases], max(cfg.repeats, 3), cfg.device)
-    med = {case.key: summary(case.samples)["median"] for case in cases}
+    med = _interleaved_medians(cfg, cases)
     table = [{"chunk": c, "fwd_ms": 1e3 * med[(c, "fwd")], "fwd_bwd_ms": 1e3 * med[(c, "fwd_bwd")]}
              for c in cfg.chunk_sizes]
     chosen = min(cfg.chunk_sizes, key=lambda c: med[(c, "fwd_bwd")])
@@ -97,10 +102,7 @@ def tune_cp_block_rows(cfg: BenchConfig, methods: list[Method], log: Log) -> dic
             for pass_ in PASSES:
                 call = make_call(layer, inputs, pass_)
                 cases.append(Case((method.name, rows, pass_), _with_block_rows(rows, call)))
-    for case in cases:
-        warm_up(case, cfg.device, cfg.min_sample_s)
-    round_robin([cases], max(cfg.repeats, 3), cfg.device)
-    med = {case.key: summary(case.samples)["median"] for case in cases}
+    med = _interleaved_medians(cfg, cases)
     table = [{"method": m.name, "rows": r, "fwd_ms": 1e3 * med[(m.name, r, "fwd")],
               "fwd_bwd_ms": 1e3 * med[(m.name, r, "fwd_bwd")]}
              for m in tuned for r in cfg.cp_block_rows]
@@ -251,8 +253,7 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
                                  compiled=bool(cfg.compile)) if cfg.train else []
     result = {"meta": {**machine_info(cfg.device), "command": command, "heap_kept": heap_kept},
               "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "cp_blocks": blocks,
-              "forms": forms,
-              "compiled_check": compiled,
+              "forms": forms, "compiled_check": compiled,
               "rows": layer_rows(cfg, layers, methods, cases, peak, memory),
               "memory": _memory_meta(memory), "train": train}
     result["targets"] = target_checks(result)
