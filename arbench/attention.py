@@ -67,9 +67,8 @@ def _running_sum_(states: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """In place: inclusive running sum over the chunk axis (dim −3) of ``(..., nc, m, dv)``,
     from the last chunk back when ``reverse``. Returns ``states``.
 
-    On a CPU a loop of in-place adds over chunks (not tokens): ``torch.cumsum`` over that axis
-    ran several times slower there (nc = 63, m = 256, dv = 128: 7.5 ms against 1.0 ms;
-    power-of-two strides). Elsewhere ``cumsum``.
+    On a CPU a loop of in-place adds over chunks (not tokens): ``torch.cumsum`` over that
+    strided axis was the slower of the two there. Elsewhere ``cumsum``.
     """
     nc = states.shape[-3]
     if states.device.type != "cpu":
