@@ -80,87 +80,184 @@ def _product_grad_into(grad: torch.Tensor, factors: torch.Tensor, grad_out: torc
                        suffix: torch.Tensor) -> None:
     """``grad[:, j] = grad_out · Π_{i≠j} factors[:, i]`` without a stack of p tensors.
 
-    Prefix products go into ``grad``, then a running suffix product (in ``suffix``, a
-    ``(rows, w)`` scratch buffer) multiplies them in place. ``grad``, ``factors``: ``(rows, p, w)``.
+    Prefix products go into ``grad[:, j]`` (j ≥ 2; factor 0 is its own prefix for j = 1),
+    then a running suffix product starting from ``grad_out`` (in ``suffix``, a ``(rows, w)``
+    scratch buffer) multiplies them: 3p − 4 multiplications, no copies.
+    ``grad``, ``factors``: ``(rows, p, w)``.
     """
     p = factors.shape[1]
-    grad[:, 1].copy_(factors[:, 0])
-    for j in range(2, p):
+    if p > 2:
+        torch.mul(factors[:, 0], factors[:, 1], out=grad[:, 2])
+    for j in range(3, p):
         torch.mul(grad[:, j - 1], factors[:, j - 1], out=grad[:, j])  # Π_{i<j} f_i
-    suffix.copy_(grad_out)
-    for j in range(p - 1, 0, -1):
-        grad[:, j].mul_(suffix)  # × grad_out · Π_{i>j} f_i
-        if j > 1:
-            suffix.mul_(factors[:, j])
-    torch.mul(suffix, factors[:, 1], out=grad[:, 0])
+    tail = grad_out  # grad_out · Π_{i>j} f_i
+    for j in range(p - 1, 1, -1):
+        grad[:, j].mul_(tail)
+        torch.mul(tail, factors[:, j], out=suffix)
+        tail = suffix
+    torch.mul(factors[:, 0], tail, out=grad[:, 1])
+    torch.mul(tail, factors[:, 1], out=grad[:, 0])
 
 
-def _cp_forward(x: torch.Tensor, w: torch.Tensor, p: int, rank: int, block: int,
-                keep: torch.Tensor | None) -> torch.Tensor:
-    """Σ_r Π_j of ``x @ w`` block by block. ``x``: ``(rows, d)``; ``w``: ``(d, p·rank·m)``,
-    factor-major; returns ``(rows, m)``. The projections go into ``keep`` (``(rows, p·rank·m)``,
-    for the backward pass) or, when it is None, into one reused block buffer."""
-    n, width = x.shape[0], w.shape[1] // p
-    m = width // rank
+def _power_into(out: torch.Tensor, y: torch.Tensor, p: int, base: torch.Tensor) -> None:
+    """``out = y ** p`` for an integer ``p >= 1`` by repeated squaring (``base``: scratch of
+    ``y``'s shape). ``Tensor.pow`` has fast kernels for p ≤ 3 only; ``pow(4)`` over
+    ``(16384, 256)`` took several times two squarings here (``python -m arbench.bench``'s
+    Flatten rows show it)."""
+    if p == 1:
+        out.copy_(y)
+        return
+    torch.mul(y, y, out=base)  # y², y⁴, ... as the bits of p are read from the lowest
+    started = bool(p & 1)
+    if started:
+        out.copy_(y)
+    p >>= 1
+    while p:
+        if p & 1:
+            if started:
+                out.mul_(base)
+            else:
+                out.copy_(base)
+                started = True
+        p >>= 1
+        if p:
+            base.mul_(base)
+
+
+class _CPKind:
+    """Σ_r Π_j of the projections: ``(rows, p·rank·m)`` factor-major → ``(rows, m)``."""
+
+    def __init__(self, p: int, rank: int, m: int):
+        self.p, self.rank, self.m = p, rank, m
+        self.width = rank * m  # columns of one factor j (all ranks)
+
+    def scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        return [x.new_empty(rows, self.width)] if self.rank > 1 else []
+
+    def forward_into(self, out: torch.Tensor, proj: torch.Tensor, scratch: list) -> None:
+        rows = proj.shape[0]
+        factors = proj.view(rows, self.p, self.width)
+        if self.rank == 1:
+            _product_into(out, factors)
+            return
+        prod = scratch[0][:rows]
+        _product_into(prod, factors)
+        torch.sum(prod.view(rows, self.rank, self.m), dim=1, out=out)
+
+    def grad_scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        return [x.new_empty(rows, self.p * self.width), x.new_empty(rows, self.width)]
+
+    def grad_into(self, proj: torch.Tensor, grad_out: torch.Tensor,
+                  scratch: list) -> torch.Tensor:
+        rows = proj.shape[0]
+        if self.rank > 1:  # the rank sum passes the same gradient to every rank
+            grad_out = grad_out.unsqueeze(1).expand(rows, self.rank, self.m).reshape(rows, -1)
+        grad = scratch[0][:rows].view(rows, self.p, self.width)
+        _product_grad_into(grad, proj.view(rows, self.p, self.width), grad_out,
+                           scratch[1][:rows])
+        return grad.view(rows, self.p * self.width)
+
+
+class _PowerKind:
+    """The elementwise power ``y^p`` of one projection ``(rows, m)`` (Flatten)."""
+
+    def __init__(self, p: int, m: int):
+        self.p, self.m = p, m
+
+    def scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        return [x.new_empty(rows, self.m)]
+
+    def forward_into(self, out: torch.Tensor, proj: torch.Tensor, scratch: list) -> None:
+        _power_into(out, proj, self.p, scratch[0][: proj.shape[0]])
+
+    def grad_scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        return [x.new_empty(rows, self.m), x.new_empty(rows, self.m)]
+
+    def grad_into(self, proj: torch.Tensor, grad_out: torch.Tensor,
+                  scratch: list) -> torch.Tensor:
+        rows = proj.shape[0]
+        grad = scratch[0][:rows]  # p · y^(p-1) · grad_out
+        if self.p == 1:
+            return grad.copy_(grad_out)
+        _power_into(grad, proj, self.p - 1, scratch[1][:rows])
+        return grad.mul_(grad_out).mul_(float(self.p))
+
+
+_Kind = _CPKind | _PowerKind
+
+
+def _blocked_forward(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int, block: int,
+                     keep: torch.Tensor | None) -> torch.Tensor:
+    """``kind`` applied to ``x @ w`` block by block. ``x``: ``(rows, d)``; ``w``: ``(d, k)``;
+    returns ``(rows, m)``. The projections go into ``keep`` (``(rows, k)``, for the backward
+    pass) or, when it is None, into one reused block buffer."""
+    n = x.shape[0]
     out = x.new_empty(n, m)
-    scratch = x.new_empty(min(block, n), p * width) if keep is None else None
-    prod = x.new_empty(min(block, n), width) if rank > 1 else None
+    buf = x.new_empty(min(block, n), w.shape[1]) if keep is None else None
+    scratch = kind.scratch(x, min(block, n))
     for i in range(0, n, block):
         j = min(i + block, n)
-        proj = keep[i:j] if keep is not None else scratch[: j - i]
+        proj = keep[i:j] if keep is not None else buf[: j - i]
         torch.mm(x[i:j], w, out=proj)
-        factors = proj.view(j - i, p, width)
-        if rank == 1:
-            _product_into(out[i:j], factors)
-        else:
-            _product_into(prod[: j - i], factors)
-            torch.sum(prod[: j - i].view(j - i, rank, m), dim=1, out=out[i:j])
+        kind.forward_into(out[i:j], proj, scratch)
     return out
 
 
-class _BlockedCP(torch.autograd.Function):
-    """:func:`cp_polynomial` on ``(rows, d)`` inputs with a blocked backward.
+class _BlockedMap(torch.autograd.Function):
+    """A feature map ``kind(x @ w)`` on ``(rows, d)`` inputs, blocked forward and backward.
 
     Saves the input, the weights and the projections (as autograd would) and computes, block by
-    block, the factors' gradients into one buffer, then ``∂x`` (a matmul into the block's rows)
-    and ``∂w`` (accumulated with ``addmm_``).
+    block, the projections' gradient (``kind.grad_into``), then ``∂x`` (a matmul into the
+    block's rows) and ``∂w`` (accumulated with ``addmm_``).
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, p: int, rank: int,  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int,  # type: ignore[override]
                 block: int) -> torch.Tensor:
         keep = x.new_empty(x.shape[0], w.shape[1])
-        out = _cp_forward(x, w, p, rank, block, keep)
+        out = _blocked_forward(x, w, kind, m, block, keep)
         ctx.save_for_backward(x, w, keep)
-        ctx.shape = (p, rank, block)
+        ctx.kind, ctx.block = kind, block
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         x, w, proj = ctx.saved_tensors
-        p, rank, block = ctx.shape
-        n, width = x.shape[0], w.shape[1] // p
-        m = width // rank
+        kind, block, n = ctx.kind, ctx.block, x.shape[0]
         need_x, need_w = ctx.needs_input_grad[:2]
         grad_x = torch.empty_like(x) if need_x else None
         grad_w = torch.zeros_like(w) if need_w else None
-        rows = min(block, n)
-        grad = x.new_empty(rows, p, width)
-        suffix = x.new_empty(rows, width)
+        scratch = kind.grad_scratch(x, min(block, n))
         grad_out = grad_out.contiguous()
         for i in range(0, n, block):
             j = min(i + block, n)
-            g_out = grad_out[i:j]
-            if rank > 1:  # the rank sum passes the same gradient to every rank
-                g_out = g_out.unsqueeze(1).expand(j - i, rank, m).reshape(j - i, width)
-            g = grad[: j - i]
-            _product_grad_into(g, proj[i:j].view(j - i, p, width), g_out, suffix[: j - i])
-            g = g.view(j - i, p * width)
+            g = kind.grad_into(proj[i:j], grad_out[i:j], scratch)
             if grad_x is not None:
                 torch.mm(g, w.t(), out=grad_x[i:j])
             if grad_w is not None:
                 grad_w.addmm_(x[i:j].t(), g)
         return grad_x, grad_w, None, None, None
+
+
+def _blocked_map(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int) -> torch.Tensor:
+    """``kind(x @ w)`` for ``x``: ``(..., d)``, ``w``: ``(d, k)`` on a CPU, in blocks of
+    :data:`CP_BLOCK_ROWS` rows (with :class:`_BlockedMap` when a gradient is needed);
+    returns ``(..., m)``."""
+    d = w.shape[0]
+    x2 = x.reshape(-1, d).contiguous()
+    w = w.to(x2.dtype).contiguous()
+    block = CP_BLOCK_ROWS or max(x2.shape[0], 1)
+    if torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad):
+        out = _BlockedMap.apply(x2, w, kind, m, block)
+    else:
+        out = _blocked_forward(x2, w, kind, m, block, None)
+    return out.view(*x.shape[:-1], m)
+
+
+def _plain_form(x: torch.Tensor) -> bool:
+    """True where the plain tensor form runs: off the CPU (the device's bandwidth handles the
+    passes) and under ``torch.compile`` (the compiler fuses them)."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling()
 
 
 def _cp_unblocked(x: torch.Tensor, w: torch.Tensor, p: int, rank: int) -> torch.Tensor:
@@ -178,24 +275,41 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     One matmul of x against all ``rank·p`` projections concatenated (factor-major, so factor j
     of every rank is one contiguous block of ``rank·m`` columns), a product over p and a sum
     over rank. On a CPU the rows go through in blocks of :data:`CP_BLOCK_ROWS` (forward and a
-    hand-written backward, :class:`_BlockedCP`); under ``torch.compile`` and on GPUs the plain
-    tensor form is used, which the compiler or the device's bandwidth handles well.
-    ``x``: ``(..., d)``; returns ``(..., m)``.
+    hand-written backward, :class:`_BlockedMap`); under ``torch.compile`` and on GPUs the plain
+    tensor form is used. ``x``: ``(..., d)``; returns ``(..., m)``.
     """
     rank, p, d, m = theta.shape
     w = theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (d, p*rank*m)
     if p == 1:
         return (x @ w).unflatten(-1, (rank, m)).sum(dim=-2)
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
+    if _plain_form(x):
         return _cp_unblocked(x, w, p, rank)
-    x2 = x.reshape(-1, d).contiguous()
-    w = w.to(x2.dtype).contiguous()
-    block = CP_BLOCK_ROWS or max(x2.shape[0], 1)
-    if torch.is_grad_enabled() and (x.requires_grad or theta.requires_grad):
-        out = _BlockedCP.apply(x2, w, p, rank, block)
-    else:
-        out = _cp_forward(x2, w, p, rank, block, None)
-    return out.view(*x.shape[:-1], m)
+    return _blocked_map(x, w, _CPKind(p, rank, m), m)
+
+
+def _int_power(y: torch.Tensor, p: int) -> torch.Tensor:
+    """``y ** p`` by squarings in traced tensor ops (for ``torch.compile`` and GPUs)."""
+    out, base = None, y
+    while p:
+        if p & 1:
+            out = base if out is None else out * base
+        p >>= 1
+        if p:
+            base = base * base
+    return out
+
+
+def power_map(x: torch.Tensor, w: torch.Tensor, p: int) -> torch.Tensor:
+    """``(x @ w) ** p`` elementwise. ``x``: ``(..., d)``, ``w``: ``(d, m)``; returns ``(..., m)``.
+
+    On a CPU in row blocks with a hand-written backward ``∂y = p·y^(p−1)·∂out``
+    (:class:`_BlockedMap`), the power by squarings; elsewhere the plain tensor form.
+    """
+    if p < 1:
+        raise ValueError(f"p must be an integer >= 1, got {p!r}")
+    if _plain_form(x):
+        return _int_power(x @ w, p)
+    return _blocked_map(x, w, _PowerKind(p, w.shape[1]), w.shape[1])
 
 
 class LLoPS(FeatureMap):
@@ -244,10 +358,40 @@ class Flatten(FeatureMap):
         self.theta = nn.Parameter(torch.randn(head_dim, m) * std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x @ self.theta).pow(self.p)
+        return power_map(x, self.theta, self.p)
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Flatten", "m": self.m, "p": self.p, "rank": 1}
+
+
+class _TaylorFeatures(torch.autograd.Function):
+    """``[1, a·x̃, b·vec(x̃ x̃ᵀ)]`` written straight into one ``(rows, 1 + r + r²)`` buffer
+    (no concatenation, no full-width temporaries). ``x̃``: ``(rows, r)``.
+
+    Backward: ``∂x̃ = a·∂first + b·(∂S + ∂Sᵀ) x̃`` with ``∂S`` the ``(r, r)`` gradient of the
+    outer product, read in place from the incoming gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, xt: torch.Tensor, a: float, b: float) -> torch.Tensor:  # type: ignore[override]
+        n, r = xt.shape
+        out = xt.new_empty(n, 1 + r + r * r)
+        out[:, 0].fill_(1.0)
+        torch.mul(xt, a, out=out[:, 1:1 + r])
+        torch.mul((xt * b).unsqueeze(-1), xt.unsqueeze(-2), out=out[:, 1 + r:].view(n, r, r))
+        ctx.save_for_backward(xt)
+        ctx.scales = (a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (xt,) = ctx.saved_tensors
+        a, b = ctx.scales
+        n, r = xt.shape
+        outer = grad[:, 1 + r:].reshape(n, r, r)
+        col = xt.unsqueeze(-1)
+        grad_xt = (torch.bmm(outer, col) + torch.bmm(outer.transpose(1, 2), col)).squeeze(-1)
+        return grad_xt.mul_(b).add_(grad[:, 1:1 + r], alpha=a), None, None
 
 
 class Based(FeatureMap):
@@ -266,12 +410,12 @@ class Based(FeatureMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xt = self.proj(x)
-        r = self.r
-        first = xt / r ** 0.25
-        scaled = xt / math.sqrt(2.0 * r)  # scale the r-vector, not the r² outer product
-        second = (scaled.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2)
-        ones = torch.ones_like(xt[..., :1])
-        return torch.cat([ones, first, second], dim=-1)
+        a, b = self.r ** -0.25, (2.0 * self.r) ** -0.5
+        if torch.compiler.is_compiling():  # traced ops the compiler can fuse
+            second = ((xt * b).unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2)
+            return torch.cat([torch.ones_like(xt[..., :1]), xt * a, second], dim=-1)
+        flat = _TaylorFeatures.apply(xt.reshape(-1, self.r), a, b)
+        return flat.view(*xt.shape[:-1], self.feature_dim)
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Based", "m": self.feature_dim, "r": self.r, "p": 2, "rank": 1}

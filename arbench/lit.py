@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 
 from arbench.featuremaps import FeatureMap
 from arbench.model import RecallModel
+from arbench.optim import make_adamw
 
 
 class DivergenceError(RuntimeError):
@@ -30,7 +31,8 @@ class LitRecall(L.LightningModule):
     Batches are ``(inputs (b, n), labels (b, n), slice_index ())`` from
     :class:`~arbench.data.segments.SegmentBatches`.
 
-    Optimiser: AdamW (``lr``, ``weight_decay`` on matrices only), linear warm-up for
+    Optimiser: AdamW (``lr``, ``weight_decay`` on matrices only; the fused kernel on CPU and
+    CUDA, :func:`arbench.optim.make_adamw`, except fp16 with clipping), linear warm-up for
     ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at the last training step.
 
     ``compile=True`` runs the model body (embedding, blocks, final norm) through
@@ -172,9 +174,12 @@ class LitRecall(L.LightningModule):
     def configure_optimizers(self):
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=self.hparams.lr, betas=(0.9, 0.98))
+        # fp16 loss scaling with a fused optimizer leaves no room for Lightning's clipping
+        clipping = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision) in (
+            "16-mixed", "16", "16-true")
+        opt = make_adamw([{"params": decay, "weight_decay": self.hparams.weight_decay},
+                          {"params": no_decay, "weight_decay": 0.0}],
+                         allow_fused=not clipping, lr=self.hparams.lr, betas=(0.9, 0.98))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm, floor = self.hparams.warmup_steps, self.hparams.min_lr_ratio
 

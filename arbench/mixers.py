@@ -110,6 +110,37 @@ class SoftmaxAttention(nn.Module):
         return {"feature_map": "softmax"}
 
 
+class _CausalDepthwiseConv(torch.autograd.Function):
+    """``y_t = b + Σ_{s<k} w[:, k−1−s] ⊙ h_{t−s}`` on ``(batch, seq, d)`` in place of a
+    transposed ``Conv1d``: k fused multiply-adds over shifted slices, and a backward of the
+    same shape (``∂h``: shifted multiply-adds; ``∂w``, ``∂b``: sums over batch and time).
+    ``w``: ``(d, k)``; ``b``: ``(d,)``.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
+                b: torch.Tensor) -> torch.Tensor:
+        k = w.shape[1]
+        out = torch.addcmul(b, h, w[:, k - 1])
+        for s in range(1, min(k, h.shape[1])):
+            out[:, s:].addcmul_(h[:, :-s], w[:, k - 1 - s])
+        ctx.save_for_backward(h, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        h, w = ctx.saved_tensors
+        k = w.shape[1]
+        grad = grad.contiguous()
+        grad_h = grad * w[:, k - 1]
+        grad_w = torch.zeros_like(w)
+        grad_w[:, k - 1] = (grad * h).sum((0, 1))
+        for s in range(1, min(k, h.shape[1])):
+            grad_h[:, :-s].addcmul_(grad[:, s:], w[:, k - 1 - s])
+            grad_w[:, k - 1 - s] = (grad[:, s:] * h[:, :-s]).sum((0, 1))
+        return grad_h, grad_w, grad.sum((0, 1))
+
+
 class ShortConv(nn.Module):
     """Gated short convolution: ``out(conv(in(x)) * gate(x))``, causal depthwise, kernel 3."""
 
@@ -126,8 +157,11 @@ class ShortConv(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[1]
-        u = self.conv(self.inp(x).transpose(1, 2))[..., :n].transpose(1, 2)
+        h = self.inp(x)
+        if torch.compiler.is_compiling():  # the traced convolution
+            u = self.conv(h.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        else:  # the same convolution without transposes (half the time of Conv1d fwd+bwd)
+            u = _CausalDepthwiseConv.apply(h, self.conv.weight[:, 0, :], self.conv.bias)
         return self.out(u * self.gate(x))
 
     def state_size(self, seq_len: int) -> int:

@@ -77,6 +77,20 @@ def test_based_kernel_is_taylor():
     torch.testing.assert_close(fm(q) @ fm(k).T, 1 + s + s ** 2 / 2)
 
 
+def test_based_buffer_form_matches_concatenation():
+    # value and gradient of the one-buffer Taylor features against the plain concatenation
+    fm = Based(6, r=3)
+    x = torch.randn(2, 5, 7, requires_grad=True)[..., 1:]  # strided input
+    xt = fm.proj(x)
+    want = torch.cat([torch.ones_like(xt[..., :1]), xt / 3 ** 0.25,
+                      (xt.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2) / 6 ** 0.5], dim=-1)
+    torch.testing.assert_close(fm(x), want)
+    assert torch.autograd.gradcheck(lambda a: featuremaps._TaylorFeatures.apply(a, 0.7, -1.3),
+                                     (torch.randn(9, 3, requires_grad=True),))
+    with torch.no_grad():
+        torch.testing.assert_close(fm(x), want)
+
+
 def test_polysketch_fixed_and_seeded():
     a, b, c = PolySketch(6, m=16, p=2, seed=3), PolySketch(6, m=16, p=2, seed=3), \
         PolySketch(6, m=16, p=2, seed=4)
@@ -172,3 +186,25 @@ def test_cp_polynomial_compiled_form_matches_blocked():
     x, theta = torch.randn(3, 7, 8), torch.randn(2, 4, 8, 5)
     w = theta.permute(2, 1, 0, 3).reshape(8, -1)
     torch.testing.assert_close(featuremaps._cp_unblocked(x, w, 4, 2), cp_polynomial(x, theta))
+
+
+@pytest.mark.parametrize("p,rows", [(1, 4), (2, 5), (3, 24), (4, 4), (6, 7), (7, 1)])
+def test_power_map_blocks_match_pow(monkeypatch, p, rows):
+    # value and gradients (float64 gradcheck) of the blocked squaring form against Tensor.pow
+    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
+    torch.manual_seed(p)
+    x = torch.randn(2, 3, 3, 5, requires_grad=True)[..., 1:]  # strided, 18 rows of width 4
+    w = torch.randn(4, 3, requires_grad=True)
+    torch.testing.assert_close(featuremaps.power_map(x, w, p), (x @ w).pow(p))
+    with torch.no_grad():
+        torch.testing.assert_close(featuremaps.power_map(x, w, p), (x @ w).pow(p))
+    assert torch.autograd.gradcheck(lambda a, b: featuremaps.power_map(a, b, p), (x, w))
+    torch.testing.assert_close(featuremaps._int_power(x @ w, p), (x @ w).pow(p))
+
+
+def test_flatten_is_power_of_the_projection():
+    fm = Flatten(6, m=5, p=4)
+    x = torch.randn(3, 9, 6)
+    torch.testing.assert_close(fm(x), (x @ fm.theta).pow(4))
+    with pytest.raises(ValueError, match="p must be an integer >= 1, got 0"):
+        featuremaps.power_map(x, fm.theta, 0)

@@ -45,6 +45,14 @@ def test_nonfinite_gradient_names_parameter():
         trainer(max_steps=3).fit(model, tiny_data())
 
 
+def test_training_uses_the_fused_adamw_on_cpu():
+    model, fit = tiny_model(), trainer(max_steps=2)
+    fit.fit(model, tiny_data())
+    (opt,) = fit.optimizers
+    assert opt.defaults["fused"] is True
+    assert [g["weight_decay"] for g in opt.param_groups] == [model.hparams.weight_decay, 0.0]
+
+
 def test_validation_reports_overall_and_slice_accuracy():
     model, data = tiny_model(), tiny_data()
     out = trainer(max_steps=1).validate(model, data)[0]

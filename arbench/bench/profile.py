@@ -34,6 +34,7 @@ from arbench.bench.layers import Method, build_layer, make_call, make_inputs
 from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
 from arbench.data.mqar import generate_mqar
+from arbench.optim import make_adamw
 
 MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
           "aten::linear", "aten::matmul")
@@ -102,7 +103,7 @@ def cases(steps: int, n: int) -> dict[str, tuple[Callable[[], None], int]]:
     out: dict[str, tuple[Callable[[], None], int]] = {}
     spec = P4_TRAIN
     model = build_model(spec, "cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)
     x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=0)
     out["p4 training step (answer head)"] = (make_step(model, opt, x, labels, "answer"), steps)
     cfg = BenchConfig(device="cpu")

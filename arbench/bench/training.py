@@ -33,6 +33,7 @@ from arbench.data.mqar import IGNORE_INDEX, generate_mqar
 from arbench.featuremaps import LLoPS
 from arbench.mixers import LinearAttention, ShortConv
 from arbench.model import RecallModel
+from arbench.optim import make_adamw
 
 HEADS = ("answer", "full")
 
@@ -101,7 +102,7 @@ def training_cases(specs: Sequence[TrainSpec], device: str, seed: int,
             model = build_model(spec, device, seed)
             if head == "answer_compiled":
                 model.compile_body()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+            opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)
             step = make_step(model, opt, x, labels, head)
             step(), step()
             rows = spec.batch * spec.seq if head == "full" else scored
