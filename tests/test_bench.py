@@ -157,3 +157,12 @@ def test_bench_cli_bad_sizes_one_line(capsys, argv, message):
         main(["--smoke", *argv])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_profile_cli_bad_sizes_one_line(capsys):
+    from arbench.bench.profile import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--chunk", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: --chunk must be >= 1, got 0"]

@@ -12,9 +12,14 @@ Runs ``torch.profiler`` over a few calls of each case and writes ``profile.md`` 
 - ``other``: everything else (indexing, embedding, cross-entropy, autograd bookkeeping),
 
 plus the top operators. Cases: one training step of the p4 RecallModel (the benchmark's
-``p4`` size, answer head), and one LLoPS attention layer (p = 4, t = 1 and p = 6, t = 4,
-m = 256, d = 128, chunk 256) forward and forward+backward at n = 8192 (at 16384 the p = 6, t = 4
-forward+backward ran 2× slower under the profiler than in the benchmark; at 8192 they agree).
+``p4`` size, answer head), and one attention layer forward and forward+backward at n = 8192 for
+LLoPS (p = 4, t = 1 and p = 6, t = 4, m = 256), BASED (r = 16) and Flatten (p = 4, m = 256),
+d = 128, chunk 128 (``--chunk``; the size ``python -m arbench.bench`` picked). At 16384 the
+LLoPS p = 6, t = 4 forward+backward ran 2× slower under the profiler than in the benchmark; at
+8192 they agree.
+
+The matmul rate of a case bounds its fraction of peak: were every other operator free, the
+case would run at that rate (its FLOPs are almost all in the matmuls).
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def profile_case(fn: Callable[[], None], calls: int) -> dict:
             "top": ops[:12]}
 
 
-def cases(steps: int, n: int) -> dict[str, tuple[Callable[[], None], int]]:
+def cases(steps: int, n: int, chunk: int) -> dict[str, tuple[Callable[[], None], int]]:
     """Name → (callable, calls to profile)."""
     out: dict[str, tuple[Callable[[], None], int]] = {}
     spec = P4_TRAIN
@@ -108,10 +113,15 @@ def cases(steps: int, n: int) -> dict[str, tuple[Callable[[], None], int]]:
     out["p4 training step (answer head)"] = (make_step(model, opt, x, labels, "answer"), steps)
     cfg = BenchConfig(device="cpu")
     inputs = make_inputs(cfg, n)
-    for p, t in ((4, 1), (6, 4)):
-        layer = build_layer(Method(f"llops_p{p}_t{t}", "llops", p, t, cfg.m), cfg, 256)
+    r = cfg.based_r
+    methods = [Method("llops_p4_t1", "llops", 4, 1, cfg.m),
+               Method("llops_p6_t4", "llops", 6, 4, cfg.m),
+               Method(f"based_r{r}", "based", 2, 1, 1 + r + r * r),
+               Method("flatten_p4", "flatten", 4, 1, cfg.m)]
+    for method in methods:
+        layer = build_layer(method, cfg, chunk)
         for pass_ in ("fwd", "fwd_bwd"):
-            out[f"llops_p{p}_t{t} layer {pass_}, n={n}"] = (make_call(layer, inputs, pass_), 2)
+            out[f"{method.name} layer {pass_}, n={n}"] = (make_call(layer, inputs, pass_), 2)
     return out
 
 
@@ -122,8 +132,10 @@ def markdown(result: dict) -> str:
              f"- {result['threads']} threads, torch {result['torch']}, CPU allocator: "
              + ("glibc heap kept (`arbench.allocator`)" if result["heap_kept"] else "system"),
              f"- fp32 matmul reference: {result['peak_gflops']:.1f} GFLOP/s (4096², median of 5)",
+             f"- layer cases: chunk {result['chunk']}",
              "- Profiling adds overhead per operator call; shares are what to read, not totals.",
-             ""]
+             "- The last column bounds a case's fraction of peak: were every other operator "
+             "free, the case would run at its matmul rate.", ""]
     lines += ["| case | total ms | matmul | elementwise | memory | other | matmul GFLOP/s "
               "(of peak) |", "|---|---|---|---|---|---|---|"]
     for name, r in result["cases"].items():
@@ -148,14 +160,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="results/bench", help="output directory")
     ap.add_argument("--steps", type=int, default=5, help="training steps profiled (default 5)")
     ap.add_argument("--n", type=int, default=8192, help="tokens of the layer cases (default 8192)")
+    ap.add_argument("--chunk", type=int, default=128, help="chunk size of the layer cases "
+                    "(default 128, what the committed benchmark run picked)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
+    for opt in ("steps", "n", "chunk"):
+        if getattr(args, opt) < 1:
+            print(f"error: --{opt} must be >= 1, got {getattr(args, opt)}", file=sys.stderr)
+            raise SystemExit(2)
     heap_kept = keep_heap()
     peak = matmul_throughput("cpu", 4096, 5)["median"]
     result = {"command": "python -m arbench.bench.profile" + (f" {' '.join(argv)}" if argv else ""),
               "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "heap_kept": heap_kept, "peak_gflops": peak, "cases": {}}
-    for name, (fn, calls) in cases(args.steps, args.n).items():
+              "heap_kept": heap_kept, "peak_gflops": peak, "chunk": args.chunk, "cases": {}}
+    for name, (fn, calls) in cases(args.steps, args.n, args.chunk).items():
         result["cases"][name] = profile_case(fn, calls)
         print(f"profiled {name}", flush=True)
     out = Path(args.out)
