@@ -54,6 +54,18 @@ def test_csv_has_every_method_n_pass(smoke):
     assert {c["verdict"] for c in result["targets"]["checks"]} <= {"PASS", "MISS", "n/a"}
 
 
+def test_chunk_size_tuned_on_both_feature_widths(smoke):
+    cfg, result, out = smoke
+    chunk = result["chunk"]
+    assert chunk["methods"] == ["llops_p4_t1", f"based_r{cfg.based_r}"]
+    assert {(r["method"], r["chunk"]) for r in chunk["table"]} == set(
+        product(chunk["methods"], cfg.chunk_sizes))
+    totals = {c: sum(r["fwd_bwd_ms"] for r in chunk["table"] if r["chunk"] == c)
+              for c in cfg.chunk_sizes}
+    assert chunk["chosen"] == min(totals, key=totals.get)
+    assert f"chunk size used: **{chunk['chosen']}**" in (out / "bench.md").read_text()
+
+
 def test_cp_block_rows_tuned_and_restored(smoke):
     from arbench import featuremaps
 

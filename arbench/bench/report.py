@@ -278,12 +278,12 @@ def _header_section(result: dict) -> list[str]:
              f"- fp32 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
              f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f})",
              f"- chunk size used: **{chunk['chosen']}**"
-             + (f" (fastest forward+backward of {chunk['method']} at n={chunk['n']})"
-                if chunk["table"] else " (given)"), ""]
+             + (f" (smallest forward+backward total of {' + '.join(chunk['methods'])} at "
+                f"n={chunk['n']})" if chunk["table"] else " (given)"), ""]
     if chunk["table"]:
-        lines += _table(["chunk", "fwd ms", "fwd+bwd ms"],
-                        [[str(r["chunk"]), f"{r['fwd_ms']:.1f}", f"{r['fwd_bwd_ms']:.1f}"]
-                         for r in chunk["table"]]) + [""]
+        lines += _table(["method", "chunk", "fwd ms", "fwd+bwd ms"],
+                        [[r["method"], str(r["chunk"]), f"{r['fwd_ms']:.1f}",
+                          f"{r['fwd_bwd_ms']:.1f}"] for r in chunk["table"]]) + [""]
     blocks = result.get("cp_blocks")
     if blocks:
         lines += [f"- CP feature-map rows per block (0 = one block): **{blocks['chosen']}**"

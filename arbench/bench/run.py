@@ -55,25 +55,41 @@ def _interleaved_medians(cfg: BenchConfig, cases: list[Case]) -> dict:
     return {case.key: summary(case.samples)["median"] for case in cases}
 
 
+def chunk_tuning_methods(methods: list[Method]) -> list[Method]:
+    """The :func:`tuning_method` and BASED when benchmarked: the two feature widths (m and
+    1 + r + r²) whose attention the chunk size shapes. For LLoPS alone the feature map's time
+    dominates and two chunk sizes can differ by less than the noise."""
+    first = tuning_method([m for m in methods if not m.compiled])
+    if first is None:
+        return []
+    based = [m for m in methods if m.family == "based" and not m.compiled and m is not first]
+    return [first, *based[:1]]
+
+
 def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
-    """Time each of ``cfg.chunk_sizes`` at ``cfg.tune_n`` tokens (forward and forward+backward,
-    interleaved); choose the one with the fastest forward+backward median."""
-    method = tuning_method(methods)
-    if len(cfg.chunk_sizes) == 1 or method is None:
-        return {"chosen": cfg.chunk_sizes[0], "method": None, "n": None, "table": []}
-    layer = build_layer(method, cfg, cfg.chunk_sizes[0])
+    """Time each of ``cfg.chunk_sizes`` at ``cfg.tune_n`` tokens on the
+    :func:`chunk_tuning_methods` (forward and forward+backward, interleaved); choose the one
+    with the smallest sum of forward+backward medians."""
+    tuned = chunk_tuning_methods(methods)
+    if len(cfg.chunk_sizes) == 1 or not tuned:
+        return {"chosen": cfg.chunk_sizes[0], "methods": [], "n": None, "table": []}
     inputs = make_inputs(cfg, cfg.tune_n)
     cases = []
-    for c in cfg.chunk_sizes:
-        for pass_ in PASSES:
-            call = make_call(layer, inputs, pass_)
-            cases.append(Case((c, pass_), _with_chunk(layer, c, call)))
+    for method in tuned:
+        layer = build_layer(method, cfg, cfg.chunk_sizes[0])
+        for c in cfg.chunk_sizes:
+            for pass_ in PASSES:
+                call = make_call(layer, inputs, pass_)
+                cases.append(Case((method.name, c, pass_), _with_chunk(layer, c, call)))
     med = _interleaved_medians(cfg, cases)
-    table = [{"chunk": c, "fwd_ms": 1e3 * med[(c, "fwd")], "fwd_bwd_ms": 1e3 * med[(c, "fwd_bwd")]}
-             for c in cfg.chunk_sizes]
-    chosen = min(cfg.chunk_sizes, key=lambda c: med[(c, "fwd_bwd")])
-    log(f"chunk size: {chosen} (fastest forward+backward of {method.name} at n={cfg.tune_n})")
-    return {"chosen": chosen, "method": method.name, "n": cfg.tune_n, "table": table}
+    table = [{"method": m.name, "chunk": c, "fwd_ms": 1e3 * med[(m.name, c, "fwd")],
+              "fwd_bwd_ms": 1e3 * med[(m.name, c, "fwd_bwd")]}
+             for m in tuned for c in cfg.chunk_sizes]
+    chosen = min(cfg.chunk_sizes, key=lambda c: sum(med[(m.name, c, "fwd_bwd")] for m in tuned))
+    names = " + ".join(m.name for m in tuned)
+    log(f"chunk size: {chosen} (fastest forward+backward of {names} at n={cfg.tune_n})")
+    return {"chosen": chosen, "methods": [m.name for m in tuned], "n": cfg.tune_n,
+            "table": table}
 
 
 def block_tuning_methods(methods: list[Method]) -> list[Method]:
