@@ -37,7 +37,7 @@ class LitRecall(L.LightningModule):
 
     ``compile=True`` runs the model body (embedding, blocks, final norm) through
     ``torch.compile``: a one-off compile of 10–30 s, then a faster step (on 2 CPU cores the
-    LLoPS p=4 step of the ``cpu`` profile took 0.90× the eager time; results/bench/compile).
+    LLoPS p=4 step of the ``cpu`` profile took 0.95× the eager time; results/bench/compile).
     The head stays eager (it gathers the answer positions, a data-dependent shape).
     """
 
