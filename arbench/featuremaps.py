@@ -99,29 +99,22 @@ def _product_grad_into(grad: torch.Tensor, factors: torch.Tensor, grad_out: torc
     torch.mul(tail, factors[:, 1], out=grad[:, 0])
 
 
-def _power_into(out: torch.Tensor, y: torch.Tensor, p: int, base: torch.Tensor) -> None:
-    """``out = y ** p`` for an integer ``p >= 1`` by repeated squaring (``base``: scratch of
-    ``y``'s shape). ``Tensor.pow`` has fast kernels for p ≤ 3 only; ``pow(4)`` over
-    ``(16384, 256)`` took several times two squarings here (``python -m arbench.bench``'s
-    Flatten rows show it)."""
+def _power_into(out: torch.Tensor, y: torch.Tensor, p: int) -> None:
+    """``out = y ** p`` for an integer ``p >= 1`` by left-to-right binary powering in ``out``
+    (p = 4: two squarings; p = 6: y², y³, y⁶), no scratch and no copy for p ≥ 2.
+    ``Tensor.pow`` has fast kernels for p ≤ 3 only; ``pow(4)`` over ``(16384, 256)`` took several
+    times two squarings here."""
     if p == 1:
         out.copy_(y)
         return
-    torch.mul(y, y, out=base)  # y², y⁴, ... as the bits of p are read from the lowest
-    started = bool(p & 1)
-    if started:
-        out.copy_(y)
-    p >>= 1
-    while p:
-        if p & 1:
-            if started:
-                out.mul_(base)
-            else:
-                out.copy_(base)
-                started = True
-        p >>= 1
-        if p:
-            base.mul_(base)
+    bits = bin(p)[3:]  # the bits after the leading one
+    torch.mul(y, y, out=out)
+    if bits[0] == "1":
+        out.mul_(y)
+    for bit in bits[1:]:
+        out.mul_(out)
+        if bit == "1":
+            out.mul_(y)
 
 
 class _CPKind:
@@ -165,21 +158,20 @@ class _PowerKind:
         self.p, self.m = p, m
 
     def scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
-        return [x.new_empty(rows, self.m)]
+        return []
 
     def forward_into(self, out: torch.Tensor, proj: torch.Tensor, scratch: list) -> None:
-        _power_into(out, proj, self.p, scratch[0][: proj.shape[0]])
+        _power_into(out, proj, self.p)
 
     def grad_scratch(self, x: torch.Tensor, rows: int) -> list[torch.Tensor]:
-        return [x.new_empty(rows, self.m), x.new_empty(rows, self.m)]
+        return [x.new_empty(rows, self.m)]
 
     def grad_into(self, proj: torch.Tensor, grad_out: torch.Tensor,
                   scratch: list) -> torch.Tensor:
-        rows = proj.shape[0]
-        grad = scratch[0][:rows]  # p · y^(p-1) · grad_out
+        grad = scratch[0][: proj.shape[0]]  # p · y^(p-1) · grad_out
         if self.p == 1:
             return grad.copy_(grad_out)
-        _power_into(grad, proj, self.p - 1, scratch[1][:rows])
+        _power_into(grad, proj, self.p - 1)
         return grad.mul_(grad_out).mul_(float(self.p))
 
 
