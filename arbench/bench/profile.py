@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from arbench.allocator import keep_heap
 from arbench.bench.config import P4_TRAIN, BenchConfig
-from arbench.bench.layers import Method, build_layer, make_call, make_inputs
+from arbench.bench.layers import build_layer, make_call, make_inputs, method_list
 from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
 from arbench.data.mqar import generate_mqar
@@ -113,12 +114,8 @@ def cases(steps: int, n: int, chunk: int) -> dict[str, tuple[Callable[[], None],
     out["p4 training step (answer head)"] = (make_step(model, opt, x, labels, "answer"), steps)
     cfg = BenchConfig(device="cpu")
     inputs = make_inputs(cfg, n)
-    r = cfg.based_r
-    methods = [Method("llops_p4_t1", "llops", 4, 1, cfg.m),
-               Method("llops_p6_t4", "llops", 6, 4, cfg.m),
-               Method(f"based_r{r}", "based", 2, 1, 1 + r + r * r),
-               Method("flatten_p4", "flatten", 4, 1, cfg.m)]
-    for method in methods:
+    names = ("llops_p4_t1", "llops_p6_t4", f"based_r{cfg.based_r}", f"flatten_p{cfg.baseline_p}")
+    for method in method_list(replace(cfg, methods=names)):
         layer = build_layer(method, cfg, chunk)
         for pass_ in ("fwd", "fwd_bwd"):
             out[f"{method.name} layer {pass_}, n={n}"] = (make_call(layer, inputs, pass_), 2)

@@ -66,30 +66,37 @@ def chunk_tuning_methods(methods: list[Method]) -> list[Method]:
     return [first, *based[:1]]
 
 
-def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
-    """Time each of ``cfg.chunk_sizes`` at ``cfg.tune_n`` tokens on the
-    :func:`chunk_tuning_methods` (forward and forward+backward, interleaved); choose the one
-    with the smallest sum of forward+backward medians."""
-    tuned = chunk_tuning_methods(methods)
-    if len(cfg.chunk_sizes) == 1 or not tuned:
-        return {"chosen": cfg.chunk_sizes[0], "methods": [], "n": None, "table": []}
+def _tune(cfg: BenchConfig, tuned: list[Method], values: tuple[int, ...], key: str,
+          wrap: Callable[[torch.nn.Module, int, Callable[[], None]], Callable[[], None]],
+          label: str, log: Log) -> dict:
+    """Time each of ``values`` at ``cfg.tune_n`` tokens on the ``tuned`` methods (forward and
+    forward+backward, interleaved; ``wrap(layer, value, call)`` runs a call with the value set);
+    choose the one with the smallest sum of forward+backward medians. Table rows name the value
+    ``key``."""
     inputs = make_inputs(cfg, cfg.tune_n)
     cases = []
     for method in tuned:
         layer = build_layer(method, cfg, cfg.chunk_sizes[0])
-        for c in cfg.chunk_sizes:
+        for value in values:
             for pass_ in PASSES:
-                call = make_call(layer, inputs, pass_)
-                cases.append(Case((method.name, c, pass_), _with_chunk(layer, c, call)))
+                call = wrap(layer, value, make_call(layer, inputs, pass_))
+                cases.append(Case((method.name, value, pass_), call))
     med = _interleaved_medians(cfg, cases)
-    table = [{"method": m.name, "chunk": c, "fwd_ms": 1e3 * med[(m.name, c, "fwd")],
-              "fwd_bwd_ms": 1e3 * med[(m.name, c, "fwd_bwd")]}
-             for m in tuned for c in cfg.chunk_sizes]
-    chosen = min(cfg.chunk_sizes, key=lambda c: sum(med[(m.name, c, "fwd_bwd")] for m in tuned))
+    table = [{"method": m.name, key: v, "fwd_ms": 1e3 * med[(m.name, v, "fwd")],
+              "fwd_bwd_ms": 1e3 * med[(m.name, v, "fwd_bwd")]} for m in tuned for v in values]
+    chosen = min(values, key=lambda v: sum(med[(m.name, v, "fwd_bwd")] for m in tuned))
     names = " + ".join(m.name for m in tuned)
-    log(f"chunk size: {chosen} (fastest forward+backward of {names} at n={cfg.tune_n})")
+    log(f"{label}: {chosen} (fastest forward+backward of {names} at n={cfg.tune_n})")
     return {"chosen": chosen, "methods": [m.name for m in tuned], "n": cfg.tune_n,
             "table": table}
+
+
+def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
+    """:func:`_tune` over ``cfg.chunk_sizes`` on the :func:`chunk_tuning_methods`."""
+    tuned = chunk_tuning_methods(methods)
+    if len(cfg.chunk_sizes) == 1 or not tuned:
+        return {"chosen": cfg.chunk_sizes[0], "methods": [], "n": None, "table": []}
+    return _tune(cfg, tuned, cfg.chunk_sizes, "chunk", _with_chunk, "chunk size", log)
 
 
 def block_tuning_methods(methods: list[Method]) -> list[Method]:
@@ -103,34 +110,18 @@ def block_tuning_methods(methods: list[Method]) -> list[Method]:
 
 
 def tune_cp_block_rows(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
-    """Time each of ``cfg.cp_block_rows`` at ``cfg.tune_n`` tokens on the
-    :func:`block_tuning_methods` (forward and forward+backward, interleaved); choose the one
-    with the smallest sum of forward+backward medians. On a GPU the feature maps are not
-    blocked and nothing is tuned."""
+    """:func:`_tune` over ``cfg.cp_block_rows`` on the :func:`block_tuning_methods`. On a GPU
+    the feature maps are not blocked and nothing is tuned."""
     tuned = block_tuning_methods(methods)
     if len(cfg.cp_block_rows) == 1 or not tuned or torch.device(cfg.device).type != "cpu":
         return {"chosen": cfg.cp_block_rows[0], "methods": [], "n": None, "table": []}
-    inputs = make_inputs(cfg, cfg.tune_n)
-    cases = []
-    for method in tuned:
-        layer = build_layer(method, cfg, cfg.chunk_sizes[0])
-        for rows in cfg.cp_block_rows:
-            for pass_ in PASSES:
-                call = make_call(layer, inputs, pass_)
-                cases.append(Case((method.name, rows, pass_), _with_block_rows(rows, call)))
-    med = _interleaved_medians(cfg, cases)
-    table = [{"method": m.name, "rows": r, "fwd_ms": 1e3 * med[(m.name, r, "fwd")],
-              "fwd_bwd_ms": 1e3 * med[(m.name, r, "fwd_bwd")]}
-             for m in tuned for r in cfg.cp_block_rows]
-    chosen = min(cfg.cp_block_rows, key=lambda r: sum(med[(m.name, r, "fwd_bwd")] for m in tuned))
-    names = " + ".join(m.name for m in tuned)
-    log(f"cp block rows: {chosen} (fastest forward+backward of {names} at n={cfg.tune_n})")
-    return {"chosen": chosen, "methods": [m.name for m in tuned], "n": cfg.tune_n,
-            "table": table}
+    return _tune(cfg, tuned, cfg.cp_block_rows, "rows", _with_block_rows, "cp block rows", log)
 
 
-def _with_block_rows(rows: int, call: Callable[[], None]) -> Callable[[], None]:
-    """``call`` with ``cp_block_rows(rows)`` for its duration."""
+def _with_block_rows(layer: torch.nn.Module, rows: int,
+                     call: Callable[[], None]) -> Callable[[], None]:
+    """``call`` with ``cp_block_rows(rows)`` for its duration (``layer``: unused, the signature
+    of :func:`_tune`'s ``wrap``)."""
     def run() -> None:
         with cp_block_rows(rows):
             call()
