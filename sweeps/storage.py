@@ -4,6 +4,10 @@ Trials send heartbeats; a RUNNING trial whose heartbeat is older than ``grace`` 
 process was killed, or the machine lost power) is marked FAIL and a copy with the same grid
 point is queued again (Optuna's ``RetryHeartbeatStaleTrialCallback``). Trials that fail by raising are
 not retried.
+
+On SQLite every transaction starts with ``BEGIN IMMEDIATE`` (see ``serialize_sqlite``): the
+driver would otherwise begin only at the first write, and two workers could both read a trial as
+WAITING and both claim it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 DEFAULT_DB = Path("runs") / "sweeps.db"
 
@@ -27,6 +33,23 @@ def default_url() -> str:
     return f"sqlite:///{DEFAULT_DB}"
 
 
+def serialize_sqlite(engine: Engine) -> None:
+    """Take SQLite's write lock when a transaction begins, so read-then-write is atomic.
+
+    Optuna reads a row ``FOR UPDATE`` before changing it; SQLite ignores that clause, and
+    pysqlite delays ``BEGIN`` to the first write, so the read ran outside any transaction.
+    """
+    @event.listens_for(engine, "connect")
+    def _driver_does_not_begin(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the listeners would keep the old behaviour
+
+
 def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBStorage:
     """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable."""
     url = url or default_url()
@@ -38,9 +61,9 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBS
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     for attempt in range(6):
         try:
-            return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
-                              grace_period=grace, heartbeat_stale_trial_callback=(
-                                  RetryHeartbeatStaleTrialCallback(max_retry=3)))
+            storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+                                 grace_period=grace, heartbeat_stale_trial_callback=(
+                                     RetryHeartbeatStaleTrialCallback(max_retry=3)))
         except Exception as err:  # sqlalchemy raises many kinds; reduce to one line
             text = str(err).strip()
             # Two processes creating a new database's schema at once: the loser retries.
@@ -50,6 +73,9 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBS
                 continue
             first = text.splitlines()[0] if text else type(err).__name__
             raise StorageError(f"cannot open storage {url}: {first}") from None
+        if storage.engine.name == "sqlite":
+            serialize_sqlite(storage.engine)
+        return storage
     raise AssertionError("unreachable")
 
 

@@ -278,6 +278,11 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
                 break
             trial = study.ask()
         with Heartbeat(storage, trial._trial_id, storage.get_heartbeat_interval() or 30):
-            run_trial(study, trial, spec, storage, runs_root, log)
+            try:
+                run_trial(study, trial, spec, storage, runs_root, log)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Its heartbeat went stale (e.g. the machine stalled) and another worker failed
+                # and re-queued it; the retry resumes from this run's last.ckpt.
+                log(f"trial {trial.number}: was failed as stale elsewhere; result not recorded")
         done += 1
     return done
