@@ -3,6 +3,8 @@
 The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
 objective), per-slice accuracies at the best validation, step, wall time, state size, parameter
 count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
+The best and last validations and the wall time so far travel in the checkpoint, so a run resumed
+after a kill reports over all its validations, including those before the kill.
 """
 
 from __future__ import annotations
@@ -32,9 +34,21 @@ class RunSummary(Callback):
         self.best: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.start = time.time()
+        self.earlier_s = 0.0  # wall time of the runs this one resumes, in seconds
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.time()
+
+    def wall_time_s(self) -> float:
+        return self.earlier_s + time.time() - self.start
+
+    def state_dict(self) -> dict:
+        return {"best": dict(self.best), "last": dict(self.last), "wall_time_s": self.wall_time_s()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.best = dict(state_dict.get("best", {}))
+        self.last = dict(state_dict.get("last", {}))
+        self.earlier_s = float(state_dict.get("wall_time_s", 0.0))
 
     def _log_dir(self, trainer: L.Trainer) -> str | None:
         """The run's folder on rank 0, None elsewhere. ``trainer.log_dir`` broadcasts under
@@ -72,7 +86,7 @@ class RunSummary(Callback):
             "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
                        if k.startswith("val/acc_")},
             "global_step": trainer.global_step,
-            "wall_time_s": time.time() - self.start,
+            "wall_time_s": self.wall_time_s(),
             "hparams": hp,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,

@@ -1,0 +1,35 @@
+import json
+
+from paths import config
+
+from arbench.cli import run
+
+SMOKE = config("profiles/smoke.yaml")
+
+
+def fit(max_steps: int, *extra: str) -> None:
+    run(["fit", "--config", config("p4.yaml"), "--config", SMOKE, "--trainer.max_steps",
+         str(max_steps), "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar",
+         "false", *extra])
+
+
+def summary(in_tmp, version: int) -> dict:
+    return json.loads((in_tmp / f"runs/p4/version_{version}/summary.json").read_text())
+
+
+def test_resumed_run_keeps_the_validations_before_the_kill(in_tmp):
+    fit(6)
+    first = summary(in_tmp, 0)
+    assert first["val_acc"] is not None and first["best_step"] in (3.0, 6.0)
+    # Killed after its last checkpoint, before its result was read: resuming at max_steps
+    # trains nothing and validates nothing, and must still report the same result.
+    fit(6, "--ckpt_path", "last")
+    again = summary(in_tmp, 1)
+    for key in ("val_acc", "last_val_acc", "best_step", "slices"):
+        assert again[key] == first[key], key
+    assert again["finished"]
+    fit(9, "--ckpt_path", "last")
+    longer = summary(in_tmp, 2)
+    assert longer["val_acc"] >= first["val_acc"] and longer["global_step"] == 9
+    if longer["best_step"] != 9.0:
+        assert longer["val_acc"] == first["val_acc"]
