@@ -141,11 +141,16 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage) -> i
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
-    """Switch the oldest WAITING trial to RUNNING; the storage guarantees one winner."""
+    """Switch the oldest WAITING trial to RUNNING; the storage guarantees one winner.
+
+    The heartbeat is recorded before the claim: Optuna never fails a RUNNING trial that has no
+    heartbeat, so a worker killed between claiming and its first beat would block the sweep.
+    """
     study_id = storage.get_study_id_from_name(study.study_name)
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
         try:
+            storage.record_heartbeat(trial_id)
             if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
                 return trial_id
         except optuna.exceptions.UpdateFinishedTrialError:
