@@ -280,14 +280,13 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 
 def _int_power(y: torch.Tensor, p: int) -> torch.Tensor:
-    """``y ** p`` by squarings in traced tensor ops (for ``torch.compile`` and GPUs)."""
-    out, base = None, y
-    while p:
-        if p & 1:
-            out = base if out is None else out * base
-        p >>= 1
-        if p:
-            base = base * base
+    """``y ** p`` for an integer ``p >= 1`` in traced tensor ops (for ``torch.compile`` and
+    GPUs): the left-to-right powering of :func:`_power_into`, out of place."""
+    out = y
+    for bit in bin(p)[3:]:  # the bits after the leading one
+        out = out * out
+        if bit == "1":
+            out = out * y
     return out
 
 
