@@ -30,6 +30,6 @@ def make_adamw(params: Iterable[Any], *, allow_fused: bool = True, **kwargs: Any
     """
     params = list(params)
     tensors = [t for g in params for t in (g["params"] if isinstance(g, dict) else [g])]
-    fused = allow_fused and can_fuse(tensors)
-    return torch.optim.AdamW(params, fused=fused, **kwargs) if fused else \
-        torch.optim.AdamW(params, **kwargs)
+    # None, not False, when unfused: torch then picks its default (foreach on CUDA)
+    return torch.optim.AdamW(params, fused=True if allow_fused and can_fuse(tensors) else None,
+                             **kwargs)
