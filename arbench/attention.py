@@ -1,8 +1,14 @@
-"""Causal linear attention in three equivalent forms, and the softmax reference.
+"""Causal linear attention in three equivalent forms, its gated variant, and the softmax
+reference.
 
 With query features f_i, key features g_j and values v_j::
 
     y_i = Σ_{j≤i} (f_i·g_j) v_j / den_i,      den_i = Σ_{j≤i} f_i·g_j
+
+Gated (``log_decay`` given, α_t = exp(log_decay_t) ∈ (0, 1]): the state decays before each
+token is added, ``S_t = α_t S_{t−1} + g_t v_tᵀ``, ``y_t = S_tᵀ f_t``, i.e.
+``y_i = Σ_{j≤i} exp(b_i − b_j) (f_i·g_j) v_j`` with ``b_i = Σ_{s≤i} log α_s``; the denominator's
+state decays the same way.
 
 The three forms share one trick: the denominator is the last output column of the same
 computation run on ``[v, 1]``, so every form computes numerator and denominator together.
@@ -15,7 +21,8 @@ Denominator (``normalize``):
 - ``"abs"``: ``den ← max(|den|, eps)``: the magnitude only.
 - ``False`` / ``"none"``: no denominator (pair it with an output norm in the mixer).
 
-State and denominator are accumulated in float32 whatever the input dtype.
+State and denominator are accumulated in float32 (float64 when an input is float64); the
+output has ``v``'s dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from arbench.decay import check_log_decay, decay_matrix, pad_rows, working_dtype
 
 MODES = ("quadratic", "recurrent", "chunked")
 NORMALIZE = ("signed", "abs", "none")
@@ -47,17 +56,24 @@ def safe_denominator(den: torch.Tensor, eps: float, how: str) -> torch.Tensor:
     return torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
 
 
-def _quadratic(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def _quadratic(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int,
+               log_decay: torch.Tensor | None = None) -> torch.Tensor:
     n = f.shape[-2]
     scores = f @ g.transpose(-1, -2)  # (b, h, n, n)
+    if log_decay is not None:
+        return (scores * decay_matrix(log_decay.cumsum(dim=-1))) @ v
     causal = torch.ones(n, n, dtype=torch.bool, device=f.device).tril()
     return scores.masked_fill(~causal, 0.0) @ v
 
 
-def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def _recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int,
+               log_decay: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition, token by token: ``S_t = α_t S_{t−1} + g_t v_tᵀ``, ``y_t = S_tᵀ f_t``."""
     state = f.new_zeros(*f.shape[:-2], f.shape[-1], v.shape[-1])  # (b, h, m, dv)
     outs = []
     for i in range(f.shape[-2]):
+        if log_decay is not None:
+            state = state * log_decay[..., i, None, None].exp()
         state = state + g[..., i, :, None] * v[..., i, None, :]
         outs.append((f[..., i, None, :] @ state).squeeze(-2))
     return torch.stack(outs, dim=-2)
@@ -153,7 +169,38 @@ def _chunked_plain(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, c: int) ->
     return out.flatten(-3, -2)
 
 
-def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def _chunked_gated(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                   c: int) -> torch.Tensor:
+    """Chunked gated linear attention in autograd-traced ops on padded inputs.
+
+    ``f, g``: ``(..., nc·c, m)``; ``v``: ``(..., nc·c, dv)``; ``log_decay``: ``(..., nc·c)``.
+    With ``b_i`` the running sum of log-decays from the start of row i's chunk::
+
+        y_i = Σ_{j≤i in chunk} exp(b_i − b_j) (f_i·g_j) v_j + exp(b_i) f_iᵀ S_chunk
+        S_next = exp(b_last) S_chunk + Σ_j exp(b_last − b_j) g_j v_jᵀ
+
+    Every exponent is ≤ 0. Intra-chunk terms and per-chunk updates are batched over chunks;
+    only the ``(m, dv)`` state recursion loops over chunks.
+    """
+    nc = f.shape[-2] // c
+    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))
+    b = log_decay.unflatten(-1, (nc, c)).cumsum(dim=-1)  # (..., nc, c)
+    out = ((fc @ gc.transpose(-1, -2)) * decay_matrix(b)) @ vc  # (..., nc, c, dv)
+    if nc == 1:
+        return out.flatten(-3, -2)
+    last = b[..., -1:]  # (..., nc, 1)
+    updates = (gc * (last - b).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (..., nc, m, dv)
+    state = updates.new_zeros(updates[..., 0, :, :].shape)
+    states = [state]  # the state before each chunk
+    for i in range(nc - 1):
+        state = state * last[..., i, :, None].exp() + updates[..., i, :, :]
+        states.append(state)
+    out = out + (fc * b.exp().unsqueeze(-1)) @ torch.stack(states, dim=-3)
+    return out.flatten(-3, -2)
+
+
+def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int,
+             log_decay: torch.Tensor | None = None) -> torch.Tensor:
     """Exact causal products inside chunks of ``c`` rows plus the state carried between chunks.
 
     The intra-chunk scores are masked in place (``tril_``); the state before chunk i,
@@ -161,13 +208,16 @@ def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int)
     (the last chunk's state is never read), and ``F_i S_i`` is added in place to the rows of
     chunks ``1..nc-1``: no mask tensor, no zero state, no concatenation. Eager mode runs
     :class:`_ChunkedAttention` (its own backward); ``torch.compile`` traces the plain form.
+    With ``log_decay``, :func:`_chunked_gated` (gradients by autograd).
     """
     *lead, n, m = f.shape
     c = min(chunk_size, n)
     pad = (-n) % c
-    if pad:  # zero features add nothing to the state; padded outputs are dropped
-        f, g, v = (F.pad(t, (0, 0, 0, pad)) for t in (f, g, v))
-    if torch.compiler.is_compiling():
+    # zero features add nothing to the state (a padded decay of 0 keeps it); outputs dropped
+    f, g, v = (pad_rows(t, pad) for t in (f, g, v))
+    if log_decay is not None:
+        out = _chunked_gated(f, g, v, pad_rows(log_decay, pad, scalar=True), c)
+    elif torch.compiler.is_compiling():
         out = _chunked_plain(f, g, v, c)
     else:
         flat = [t.reshape(-1, *t.shape[-2:]).contiguous() for t in (f, g, v)]
@@ -179,12 +229,13 @@ _FORMS = {"quadratic": _quadratic, "recurrent": _recurrent, "chunked": _chunked}
 
 
 def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode: str = "chunked",
-                     chunk_size: int = 64, normalize: bool | str = True,
-                     eps: float = 1e-6) -> torch.Tensor:
-    """Causal linear attention.
+                     chunk_size: int = 64, normalize: bool | str = True, eps: float = 1e-6,
+                     log_decay: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal linear attention, gated when ``log_decay`` is given.
 
-    ``f, g``: ``(batch, heads, seq, m)``; ``v``: ``(batch, heads, seq, dv)``;
-    returns ``(batch, heads, seq, dv)`` in ``v``'s dtype.
+    ``f, g``: ``(batch, heads, seq, m)``; ``v``: ``(batch, heads, seq, dv)``; ``log_decay``:
+    ``(batch, heads, seq)``, finite and ≤ 0 (α_t = exp(log_decay_t)); returns
+    ``(batch, heads, seq, dv)`` in ``v``'s dtype.
     """
     if mode not in _FORMS:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -194,11 +245,15 @@ def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode:
                          f"v {tuple(v.shape)}; expected f, g (b, h, n, m) and v (b, h, n, dv)")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    out_dtype = v.dtype
-    f, g, v = f.float(), g.float(), v.float()
+    if log_decay is not None:
+        check_log_decay(log_decay, f.shape[:-1])
+    out_dtype, dtype = v.dtype, working_dtype(f, g, v)
+    f, g, v = f.to(dtype), g.to(dtype), v.to(dtype)
+    if log_decay is not None:
+        log_decay = log_decay.to(dtype)
     if how != "none":
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    out = _FORMS[mode](f, g, v, chunk_size)
+    out = _FORMS[mode](f, g, v, chunk_size, log_decay)
     if how != "none":
         out = out[..., :-1] / safe_denominator(out[..., -1:], eps, how)
     return out.to(out_dtype)
@@ -210,3 +265,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+__all__ = ["MODES", "NORMALIZE", "linear_attention", "normalize_option",
+           "safe_denominator", "softmax_attention"]
