@@ -1,5 +1,5 @@
-"""Causal linear attention in three equivalent forms, its gated variant, and the softmax
-reference.
+"""Causal linear attention in three equivalent forms, its gated variant, the delta rule
+(:func:`delta_attention`, in :mod:`arbench.delta`) and the softmax reference.
 
 With query features f_i, key features g_j and values v_j::
 
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from arbench.decay import check_log_decay, decay_matrix, pad_rows, working_dtype
+from arbench.delta import delta_attention
 
 MODES = ("quadratic", "recurrent", "chunked")
 NORMALIZE = ("signed", "abs", "none")
@@ -267,5 +268,5 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
-__all__ = ["MODES", "NORMALIZE", "linear_attention", "normalize_option",
+__all__ = ["MODES", "NORMALIZE", "delta_attention", "linear_attention", "normalize_option",
            "safe_denominator", "softmax_attention"]
