@@ -452,3 +452,19 @@ class EluPlusOne(FeatureMap):
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "EluPlusOne", "m": self.feature_dim}
+
+
+class Identity(FeatureMap):
+    """φ(x) = x; ``feature_dim = head_dim``, no parameters (the plain dot-product kernel, e.g.
+    for the delta rule as in DeltaNet)."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = _require_int("head_dim", head_dim)
+        self.feature_dim = head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "Identity", "m": self.feature_dim}

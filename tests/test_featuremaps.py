@@ -3,7 +3,15 @@ import pytest
 import torch
 
 from arbench import featuremaps
-from arbench.featuremaps import Based, EluPlusOne, Flatten, LLoPS, PolySketch, cp_polynomial
+from arbench.featuremaps import (
+    Based,
+    EluPlusOne,
+    Flatten,
+    Identity,
+    LLoPS,
+    PolySketch,
+    cp_polynomial,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -138,6 +146,15 @@ def test_init_unbiased_on_average():
 def test_elu_plus_one_positive():
     fm = EluPlusOne(4)
     assert fm.feature_dim == 4 and (fm(torch.randn(10, 4)) > 0).all()
+
+
+def test_identity_map():
+    fm = Identity(6)
+    x = torch.randn(3, 6)
+    assert fm.feature_dim == 6 and torch.equal(fm(x), x)
+    assert fm.hparams() == {"feature_map": "Identity", "m": 6}
+    with pytest.raises(ValueError, match="head_dim must be an integer >= 1"):
+        Identity(0)
 
 
 @pytest.mark.parametrize("cls,kwargs,match", [

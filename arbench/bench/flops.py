@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from arbench.featuremaps import Based, EluPlusOne, Flatten, LLoPS, PolySketch
+from arbench.featuremaps import Based, EluPlusOne, Flatten, Identity, LLoPS, PolySketch
 
 FWD_BWD_FACTOR = 3.0
 
@@ -51,6 +51,8 @@ def feature_map_flops(fm: nn.Module) -> float:
         return 2.0 * d * r + r + 2.0 * r * r
     if isinstance(fm, EluPlusOne):
         return 2.0 * d
+    if isinstance(fm, Identity):
+        return 0.0
     raise TypeError(f"no FLOP formula for feature map {type(fm).__name__}")
 
 
