@@ -1,17 +1,21 @@
 """Sequence mixers: ``(batch, seq, d_model) -> (batch, seq, d_model)``, causal.
 
 Each mixer also reports ``state_size(seq_len)``: floats of recurrent state it carries per layer
-when generating (m·dv·heads for linear attention; the KV cache for softmax; the conv window).
+when generating (m·dv·heads for linear, gated and delta-rule attention; the KV cache for softmax;
+the conv window).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
+from arbench.delta import DELTA_MODES, delta_attention
 from arbench.featuremaps import FeatureMap
 
 FeatureMapFactory = Callable[[int], FeatureMap]
@@ -34,7 +38,75 @@ def check_heads(d_model: int, num_heads: int) -> int:
     return d_model // num_heads
 
 
-class LinearAttention(nn.Module):
+class _FeatureMapAttention(nn.Module):
+    """The plumbing every feature-map mixer shares: a fused q/k/v projection, φ_Q and φ_K
+    (``feature_map(head_dim)`` called twice), a per-head RMSNorm on the attention output when
+    ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
+    update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``."""
+
+    def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
+                 use_norm: bool, chunk_size: int, mode: str):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(d_model, num_heads)
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.mode, self.chunk_size = mode, chunk_size
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.phi_q = feature_map(self.head_dim)
+        self.phi_k = feature_map(self.head_dim)
+        if not isinstance(self.phi_q, nn.Module) or not hasattr(self.phi_q, "feature_dim"):
+            raise ValueError("feature_map must build an nn.Module with a feature_dim attribute")
+        self.norm = nn.RMSNorm(self.head_dim) if use_norm else nn.Identity()
+
+    @property
+    def feature_dim(self) -> int:
+        return self.phi_q.feature_dim
+
+    def mix(self, x: torch.Tensor, f: torch.Tensor, g: torch.Tensor,
+            v: torch.Tensor) -> torch.Tensor:
+        """``x``: the mixer input ``(b, n, d_model)`` (for gates); ``f, g``: ``(b, h, n, m)``;
+        ``v``: ``(b, h, n, head_dim)``; returns ``(b, h, n, head_dim)``."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        y = self.mix(x, self.phi_q(q), self.phi_k(k), v)
+        return self.out(merge_heads(self.norm(y)))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.feature_dim * self.head_dim * self.num_heads
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {**self.phi_q.hparams(), "normalize": self.normalize}
+
+
+class DecayGate(nn.Module):
+    """Per-head, per-token log-decay ``log α = −softplus(x W + b)`` (Mamba2 / GLA style):
+    ``(b, n, d_model) -> (b, heads, n)``, always ≤ 0.
+
+    The bias starts at ``b_h = log(expm1(−log α_h))`` with α_h spaced geometrically in
+    −log α over ``alpha_init`` = (0.99, 0.999) across heads (one head: α ≈ 0.9968), so the
+    state starts out remembering ~100–1000 tokens; ``W`` has the default ``nn.Linear`` init,
+    which moves −log α by a factor of about e^{±0.6} around that for unit-variance inputs.
+    """
+
+    def __init__(self, d_model: int, num_heads: int,
+                 alpha_init: tuple[float, float] = (0.99, 0.999)):
+        super().__init__()
+        self.proj = nn.Linear(d_model, num_heads)
+        lo, hi = (-math.log(a) for a in alpha_init)
+        rates = torch.logspace(math.log10(lo), math.log10(hi), num_heads) if num_heads > 1 \
+            else torch.tensor([math.sqrt(lo * hi)])
+        with torch.no_grad():
+            self.proj.bias.copy_(torch.log(torch.expm1(rates)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return -F.softplus(self.proj(x)).transpose(1, 2)
+
+
+class LinearAttention(_FeatureMapAttention):
     """Multi-head causal linear attention with separate query and key feature maps.
 
     ``feature_map(head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
@@ -49,39 +121,71 @@ class LinearAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  normalize: bool | str = False, output_norm: bool | None = None,
                  chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = check_heads(d_model, num_heads)
         if mode not in MODES:
             raise ValueError(f"attention mode must be one of {MODES}, got {mode!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.normalize = normalize_option(normalize)
-        self.mode, self.chunk_size, self.eps = mode, chunk_size, eps
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model, bias=False)
-        self.phi_q = feature_map(self.head_dim)
-        self.phi_k = feature_map(self.head_dim)
-        if not isinstance(self.phi_q, nn.Module) or not hasattr(self.phi_q, "feature_dim"):
-            raise ValueError("feature_map must build an nn.Module with a feature_dim attribute")
-        use_norm = self.normalize == "none" if output_norm is None else output_norm
-        self.norm = nn.RMSNorm(self.head_dim) if use_norm else nn.Identity()
+        how = normalize_option(normalize)
+        use_norm = how == "none" if output_norm is None else output_norm
+        super().__init__(d_model, num_heads, feature_map, use_norm, chunk_size, mode)
+        self.normalize, self.eps = how, eps
 
-    @property
-    def feature_dim(self) -> int:
-        return self.phi_q.feature_dim
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``(b, h, n)`` log-decays of the gated state, or None (no gate)."""
+        return None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        y = linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
-                             chunk_size=self.chunk_size, normalize=self.normalize, eps=self.eps)
-        return self.out(merge_heads(self.norm(y)))
+    def mix(self, x: torch.Tensor, f: torch.Tensor, g: torch.Tensor,
+            v: torch.Tensor) -> torch.Tensor:
+        return linear_attention(f, g, v, mode=self.mode, chunk_size=self.chunk_size,
+                                normalize=self.normalize, eps=self.eps,
+                                log_decay=self.log_decay(x))
 
-    def state_size(self, seq_len: int) -> int:
-        return self.feature_dim * self.head_dim * self.num_heads
 
-    def hparams(self) -> dict[str, float | int | str | bool]:
-        return {**self.phi_q.hparams(), "normalize": self.normalize}
+class GatedLinearAttention(LinearAttention):
+    """:class:`LinearAttention` with a data-dependent decay of the state (mixer ``gated``):
+    ``S_t = α_t S_{t−1} + g_t v_tᵀ`` with ``log α_t`` from a :class:`DecayGate`. The
+    denominator, when one is used, decays the same way."""
+
+    def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
+                 normalize: bool | str = False, output_norm: bool | None = None,
+                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
+        super().__init__(d_model, num_heads, feature_map, normalize, output_norm, chunk_size,
+                         mode, eps)
+        self.decay = DecayGate(d_model, num_heads)
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decay(x)
+
+
+class DeltaAttention(_FeatureMapAttention):
+    """Delta-rule attention over any feature map (mixers ``delta`` and, with ``gated``,
+    ``gated_delta``): ``S_t = α_t (I − β_t g_t g_tᵀ) S_{t−1} + β_t g_t v_tᵀ``, ``y_t = S_tᵀ f_t``
+    (:func:`arbench.attention.delta_attention`).
+
+    f and g are L2-normalised after the feature maps (as DeltaNet does), which keeps the
+    update a contraction; ``β = sigmoid(x W_β + b_β)`` per head and token; ``log α`` from a
+    :class:`DecayGate` when ``gated`` (α = 1 otherwise). No denominator (``normalize`` must be
+    false); the per-head output RMSNorm is on unless ``output_norm=False``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
+                 gated: bool = False, normalize: bool | str = False,
+                 output_norm: bool | None = None, chunk_size: int = 64, mode: str = "chunked"):
+        if mode not in DELTA_MODES:
+            raise ValueError(f"delta rule mode must be one of {DELTA_MODES}, got {mode!r}")
+        if normalize_option(normalize) != "none":
+            raise ValueError(f"the delta rule has no denominator: normalize must be false, "
+                             f"got {normalize!r}")
+        super().__init__(d_model, num_heads, feature_map, output_norm is not False, chunk_size,
+                         mode)
+        self.normalize = "none"
+        self.beta = nn.Linear(d_model, num_heads)
+        self.decay = DecayGate(d_model, num_heads) if gated else None
+
+    def mix(self, x: torch.Tensor, f: torch.Tensor, g: torch.Tensor,
+            v: torch.Tensor) -> torch.Tensor:
+        beta = torch.sigmoid(self.beta(x)).transpose(1, 2)  # (b, h, n)
+        log_decay = None if self.decay is None else self.decay(x)
+        return delta_attention(F.normalize(f, dim=-1), F.normalize(g, dim=-1), v, beta,
+                               log_decay=log_decay, mode=self.mode, chunk_size=self.chunk_size)
 
 
 class SoftmaxAttention(nn.Module):
@@ -174,4 +278,5 @@ def mlp(d_model: int, expand: int = 4) -> nn.Module:
                          nn.Linear(expand * d_model, d_model))
 
 
-__all__ = ["FeatureMapFactory", "LinearAttention", "ShortConv", "SoftmaxAttention", "mlp"]
+__all__ = ["DecayGate", "DeltaAttention", "FeatureMapFactory", "GatedLinearAttention",
+           "LinearAttention", "ShortConv", "SoftmaxAttention", "mlp"]

@@ -5,7 +5,10 @@ embedding; layer 0 a gated short convolution, layer 1 the attention mixer. Layer
 ``i mod len(mixers)`` of the ``mixers`` list, whose names are:
 
 - ``"conv"``: gated causal depthwise convolution (kernel ``conv_kernel``);
-- ``"linear"``: linear attention with ``feature_map`` (required then);
+- ``"linear"``: linear attention with ``feature_map`` (required then, as for the next three);
+- ``"gated"``: gated linear attention (a learned per-token decay of the state);
+- ``"delta"``: the delta rule (DeltaNet) over L2-normalised features;
+- ``"gated_delta"``: the delta rule with the decay (Gated DeltaNet);
 - ``"softmax"``: softmax attention.
 """
 
@@ -16,9 +19,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from arbench.data.mqar import IGNORE_INDEX, check_positive_int
-from arbench.mixers import FeatureMapFactory, LinearAttention, ShortConv, SoftmaxAttention, mlp
+from arbench.mixers import (
+    DeltaAttention,
+    FeatureMapFactory,
+    GatedLinearAttention,
+    LinearAttention,
+    ShortConv,
+    SoftmaxAttention,
+    mlp,
+)
 
-MIXER_NAMES = ("conv", "linear", "softmax")
+FEATURE_MIXERS = ("linear", "gated", "delta", "gated_delta")
+"""Mixers built on ``feature_map``."""
+MIXER_NAMES = ("conv", "linear", "softmax", "gated", "delta", "gated_delta")
 
 
 class Block(nn.Module):
@@ -56,8 +69,9 @@ class RecallModel(nn.Module):
         mixers = list(mixers)
         if not mixers or any(m not in MIXER_NAMES for m in mixers):
             raise ValueError(f"mixers must be a non-empty list of {MIXER_NAMES}, got {mixers!r}")
-        if "linear" in mixers and feature_map is None:
-            raise ValueError("mixers include 'linear' but no feature_map was given")
+        needs_map = [m for m in mixers if m in FEATURE_MIXERS]
+        if needs_map and feature_map is None:
+            raise ValueError(f"mixers include {needs_map[0]!r} but no feature_map was given")
         self.vocab_size, self.d_model = vocab_size, d_model
         self.mixer_names = [mixers[i % len(mixers)] for i in range(n_layers)]
 
@@ -66,9 +80,13 @@ class RecallModel(nn.Module):
                 return ShortConv(d_model, conv_kernel)
             if name == "softmax":
                 return SoftmaxAttention(d_model, num_heads)
-            return LinearAttention(d_model, num_heads, feature_map, normalize=normalize,
-                                   output_norm=output_norm, chunk_size=chunk_size,
-                                   mode=attention_mode)
+            common = dict(normalize=normalize, output_norm=output_norm, chunk_size=chunk_size,
+                          mode=attention_mode)
+            if name in ("delta", "gated_delta"):
+                return DeltaAttention(d_model, num_heads, feature_map,
+                                      gated=name == "gated_delta", **common)
+            cls = GatedLinearAttention if name == "gated" else LinearAttention
+            return cls(d_model, num_heads, feature_map, **common)
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)

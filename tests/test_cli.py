@@ -44,6 +44,20 @@ def test_fit_smoke_writes_tensorboard_and_resumes(in_tmp):
     assert b"hparams" in raw and b"feature_map" in raw and b"state_size" in raw
 
 
+@pytest.mark.parametrize("mixer,layer", [("gated", "GatedLinearAttention"),
+                                         ("delta", "DeltaAttention"),
+                                         ("gated_delta", "DeltaAttention")])
+def test_fit_smoke_state_mixers(in_tmp, mixer, layer):
+    cli = run(["fit", "--config", config("p4.yaml"), "--config", SMOKE, "--model.mixers",
+               f"[conv, {mixer}]", "--trainer.max_steps", "10",
+               "--trainer.enable_progress_bar", "false"])
+    assert cli.trainer.global_step == 10
+    assert type(cli.model.model.blocks[1].mixer).__name__ == layer
+    metrics = cli.trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and "val/acc" in metrics
+    assert (in_tmp / "runs/p4/checkpoints/last.ckpt").exists()
+
+
 def test_smoke_model_learns_easy_recall(in_tmp):
     cli = run(["fit", "--config", config("softmax.yaml"), "--config", SMOKE,
                "--data.train_segments", '[{"seq_len": 32, "num_kv_pairs": 4, '
@@ -69,6 +83,9 @@ def test_every_config_parses(name, capsys):
     (["--model.feature_map.init_args.p", "0"], "p must be an integer >= 1, got 0"),
     (["--model.feature_map.init_args.m", "-3"], "m must be an integer >= 1, got -3"),
     (["--model.num_heads", "3"], "not divisible by num_heads=3"),
+    (["--model.mixers", "[conv, mamba]"], "mixers must be a non-empty list of"),
+    (["--model.mixers", "[conv, delta]", "--model.normalize", "signed"],
+     "the delta rule has no denominator"),
     (["--data.train_segments", '[{"seq_len": 16, "num_kv_pairs": 8, "num_examples": 4}]'],
      "data.train_segments[0]: seq_len=16 is too short for num_kv_pairs=8"),
 ])

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from arbench.data import generate_mqar
-from arbench.featuremaps import Based, EluPlusOne, Flatten, LLoPS, PolySketch
+from arbench.featuremaps import Based, EluPlusOne, Flatten, Identity, LLoPS, PolySketch
+from arbench.mixers import DeltaAttention, GatedLinearAttention
 from arbench.model import RecallModel
 
 MAPS = {
@@ -15,7 +16,10 @@ MAPS = {
     "based": functools.partial(Based, r=4),
     "polysketch": functools.partial(PolySketch, m=16, p=2),
     "elu": EluPlusOne,
+    "identity": Identity,
 }
+STATE_MIXERS = {"gated": GatedLinearAttention, "delta": DeltaAttention,
+                "gated_delta": DeltaAttention}
 
 
 def smoke_model(mixers, feature_map=None, **kw):
@@ -33,6 +37,30 @@ def test_forward_backward_every_feature_map(name):
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert model(x).shape == (4, 32, 64)
+
+
+@pytest.mark.parametrize("mixer", sorted(STATE_MIXERS))
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_state_mixers_with_every_feature_map(mixer, name):
+    model = smoke_model(["conv", mixer], MAPS[name])
+    layer = model.blocks[1].mixer
+    assert type(layer) is STATE_MIXERS[mixer]
+    x, y = generate_mqar(2, 24, 4, vocab_size=64, seed=0)
+    loss = model.loss(x, y)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # m·dv·heads for the attention layer plus the conv window
+    assert model.state_size(24) == layer.feature_dim * 8 * 2 + 3 * 16
+    assert model.attention_hparams()["feature_map"] == layer.phi_q.hparams()["feature_map"]
+
+
+@pytest.mark.parametrize("mixer", sorted(STATE_MIXERS))
+def test_state_mixer_modes_agree_in_model(mixer):
+    x, _ = generate_mqar(2, 30, 4, vocab_size=64, seed=1)
+    outs = [smoke_model(["conv", mixer], MAPS["llops"], attention_mode=mode, chunk_size=8)(x)
+            for mode in ("chunked", "recurrent")]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("mixers", [["conv", "softmax"], ["softmax"], ["conv"]])
@@ -78,6 +106,13 @@ def test_linear_modes_agree_in_model():
     (dict(d_model=30, num_heads=4), "not divisible by num_heads"),
     (dict(mixers=["conv", "mamba"]), "mixers must be a non-empty list"),
     (dict(mixers=["linear"]), "no feature_map was given"),
+    (dict(mixers=["conv", "gated_delta"]), "mixers include 'gated_delta' but no feature_map"),
+    (dict(mixers=["delta"], feature_map=Identity, normalize="signed"),
+     "the delta rule has no denominator"),
+    (dict(mixers=["delta"], feature_map=Identity, attention_mode="quadratic"),
+     "delta rule mode must be one of"),
+    (dict(mixers=["gated"], feature_map=Identity, attention_mode="fast"),
+     "attention mode must be one of"),
     (dict(n_layers=0), "n_layers must be a positive integer"),
     (dict(mixers=["linear"], feature_map=functools.partial(LLoPS, p=0)), "p must be"),
     (dict(mixers=["linear"], feature_map=functools.partial(LLoPS, rank=0)), "rank must be"),
