@@ -191,10 +191,12 @@ def _chunked_gated(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, log_decay:
         return out.flatten(-3, -2)
     last = b[..., -1:]  # (..., nc, 1)
     updates = (gc * (last - b).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (..., nc, m, dv)
-    state = updates.new_zeros(updates[..., 0, :, :].shape)
+    # per-chunk views by unbind: indexing in the loop would zero-fill a full gradient per chunk
+    updates, decays = updates.unbind(-3), last.exp().unsqueeze(-1).unbind(-3)
+    state = torch.zeros_like(updates[0])
     states = [state]  # the state before each chunk
     for i in range(nc - 1):
-        state = state * last[..., i, :, None].exp() + updates[..., i, :, :]
+        state = state * decays[i] + updates[i]
         states.append(state)
     out = out + (fc * b.exp().unsqueeze(-1)) @ torch.stack(states, dim=-3)
     return out.flatten(-3, -2)

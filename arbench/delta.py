@@ -57,38 +57,49 @@ def _delta_chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: torc
                    log_decay: torch.Tensor | None, c: int) -> torch.Tensor:
     """The UT-transform form (module docstring) on padded inputs of ``nc·c`` rows.
 
-    ``f, g``: ``(..., nc·c, m)``; ``v``: ``(..., nc·c, dv)``; ``beta``, ``log_decay``:
-    ``(..., nc·c)``; returns ``(..., nc·c, dv)``.
+    ``f, g``: ``(B, nc·c, m)``; ``v``: ``(B, nc·c, dv)``; ``beta``, ``log_decay``:
+    ``(B, nc·c)``; returns ``(B, nc·c, dv)``. Everything that does not depend on the state is
+    batched over the chunks; the loop only carries ``S`` (two fused multiply-adds a chunk),
+    and the outputs are two batched products after it.
     """
-    (*_, n, m), dv = f.shape, v.shape[-1]
+    (batch, n, m), dv = f.shape, v.shape[-1]
     nc = n // c
-    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))  # (..., nc, c, ·)
-    bc = beta.unflatten(-1, (nc, c)).unsqueeze(-1)  # (..., nc, c, 1)
-    gram = gc @ gc.transpose(-1, -2)  # (..., nc, c, c)
+    fc, gc, vc = (t.unflatten(-2, (nc, c)) for t in (f, g, v))  # (B, nc, c, ·)
+    bc = beta.unflatten(-1, (nc, c)).unsqueeze(-1)  # (B, nc, c, 1)
+    gram = gc @ gc.transpose(-1, -2)  # (B, nc, c, c)
     scores = fc @ gc.transpose(-1, -2)
     if log_decay is None:
         gram, scores = gram.tril(-1), scores.tril()
         g_start, g_end, f_start, chunk_decay = gc, gc, fc, None
     else:
-        b = log_decay.unflatten(-1, (nc, c)).cumsum(dim=-1)  # (..., nc, c)
+        b = log_decay.unflatten(-1, (nc, c)).cumsum(dim=-1)  # (B, nc, c)
         gram, scores = gram * decay_matrix(b, -1), scores * decay_matrix(b)
         start = b.exp().unsqueeze(-1)  # γ_i: decay from the chunk start to row i
         g_start, f_start = gc * start, fc * start
         g_end = gc * (b[..., -1:] - b).exp().unsqueeze(-1)  # γ_c / γ_j
-        chunk_decay = b[..., -1].exp()  # (..., nc)
-    # (I + tril(diag(β)(Γ ⊙ GGᵀ), −1)) [Ũ, W] = diag(β) [V, diag(γ) G]; the unit diagonal is implied
-    solved = torch.linalg.solve_triangular(bc * gram, bc * torch.cat([vc, g_start], dim=-1),
-                                           upper=False, unitriangular=True)
-    u_fixed, w = solved.split([dv, m], dim=-1)  # Ũ (..., nc, c, dv), W (..., nc, c, m)
-    state = f.new_zeros(*f.shape[:-2], m, dv)
-    outs = []
+        chunk_decay = b[..., -1, None, None].exp()  # (B, nc, 1, 1)
+    # T = (I + tril(diag(β)(Γ ⊙ GGᵀ), −1))⁻¹ diag(β): a unit lower-triangular solve against
+    # the identity (the unit diagonal is implied), then its columns scaled by β. Solving
+    # against the c×c identity and multiplying is faster than solving against [V, G].
+    eye = torch.eye(c, dtype=f.dtype, device=f.device).expand_as(gram)
+    t = torch.linalg.solve_triangular(bc * gram, eye, upper=False, unitriangular=True)
+    t = t * bc.transpose(-1, -2)  # (B, nc, c, c)
+    u_fixed, w = t @ vc, t @ g_start  # Ũ (B, nc, c, dv), W (B, nc, c, m)
+    # per-chunk views by unbind (one stacked gradient each; indexing in the loop would
+    # zero-fill a whole-sequence gradient per chunk)
+    u_fixed, w, g_end_t = u_fixed.unbind(1), w.unbind(1), g_end.transpose(-1, -2).unbind(1)
+    decays = [None] * nc if chunk_decay is None else chunk_decay.unbind(1)
+    state = f.new_zeros(batch, m, dv)
+    states, us = [], []
     for i in range(nc):
-        u = u_fixed[..., i, :, :] - w[..., i, :, :] @ state  # (..., c, dv)
-        outs.append(f_start[..., i, :, :] @ state + scores[..., i, :, :] @ u)
-        if chunk_decay is not None:
-            state = state * chunk_decay[..., i, None, None]
-        state = state + g_end[..., i, :, :].transpose(-1, -2) @ u
-    return torch.cat(outs, dim=-2)
+        states.append(state)  # the state before chunk i
+        u = torch.baddbmm(u_fixed[i], w[i], state, alpha=-1)  # Ũ − W S, (B, c, dv)
+        us.append(u)
+        if decays[i] is not None:
+            state = state * decays[i]
+        state = torch.baddbmm(state, g_end_t[i], u)
+    out = f_start @ torch.stack(states, dim=1) + scores @ torch.stack(us, dim=1)
+    return out.flatten(1, 2)
 
 
 def _check(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
@@ -128,11 +139,12 @@ def delta_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: tor
         log_decay = log_decay.to(dtype)
     if mode == "recurrent":
         return _delta_recurrent(f, g, v, beta, log_decay).to(out_dtype)
-    n = f.shape[-2]
+    (*lead, n, _), dv = f.shape, v.shape[-1]
     c = min(chunk_size, n)
     pad = (-n) % c
-    f, g, v = (pad_rows(t, pad) for t in (f, g, v))
-    beta = pad_rows(beta, pad, scalar=True)
+    f, g, v = (pad_rows(t, pad).flatten(0, -3) for t in (f, g, v))  # (B, n + pad, ·)
+    beta = pad_rows(beta, pad, scalar=True).flatten(0, -2)
     if log_decay is not None:
-        log_decay = pad_rows(log_decay, pad, scalar=True)
-    return _delta_chunked(f, g, v, beta, log_decay, c)[..., :n, :].to(out_dtype)
+        log_decay = pad_rows(log_decay, pad, scalar=True).flatten(0, -2)
+    out = _delta_chunked(f, g, v, beta, log_decay, c).view(*lead, n + pad, dv)
+    return out[..., :n, :].to(out_dtype)
