@@ -59,6 +59,9 @@ def safe_denominator(den: torch.Tensor, eps: float, how: str) -> torch.Tensor:
 
 def _quadratic(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int,
                log_decay: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``(n, n)`` matrix of weights; with decays ``exp(b_i − b_j)`` from running sums over
+    the whole sequence (a reference: very long, strongly decayed sequences lose digits in
+    ``b_i − b_j``, which the chunked form keeps per chunk)."""
     n = f.shape[-2]
     scores = f @ g.transpose(-1, -2)  # (b, h, n, n)
     if log_decay is not None:

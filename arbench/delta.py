@@ -114,8 +114,8 @@ def _check(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
     if tuple(beta.shape) != tuple(f.shape[:-1]):
         raise ValueError(f"beta must have shape (batch, heads, seq) = {tuple(f.shape[:-1])}, "
                          f"got {tuple(beta.shape)}")
-    if not torch.compiler.is_compiling() and not bool(((beta >= 0) & (beta <= 1)).all()):
-        raise ValueError("beta must be in [0, 1]")
+    if not torch.compiler.is_compiling() and bool(((beta < 0) | (beta > 1)).any()):
+        raise ValueError("beta must be in [0, 1]")  # NaN passes, as in check_log_decay
     if log_decay is not None:
         check_log_decay(log_decay, f.shape[:-1])
 

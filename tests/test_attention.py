@@ -201,11 +201,19 @@ def test_errors():
         linear_attention(f, g, v, chunk_size=0)
     with pytest.raises(ValueError, match=r"log_decay must have shape \(batch, heads, seq\)"):
         linear_attention(f, g, v, log_decay=torch.zeros(2, 3))
-    for bad in (0.5, float("nan"), float("-inf")):
+    for bad in (0.5, float("inf"), float("-inf")):
         log_decay = torch.zeros(f.shape[:-1])
         log_decay[0, 1, 2] = bad
         with pytest.raises(ValueError, match="log_decay must be finite and <= 0"):
             linear_attention(f, g, v, log_decay=log_decay)
+
+
+def test_nan_log_decay_propagates_for_the_divergence_guard():
+    f, g, v = rand_inputs(8)
+    log_decay = torch.zeros(f.shape[:-1])
+    log_decay[0, 1, 2] = float("nan")
+    out = linear_attention(f, g, v, log_decay=log_decay, chunk_size=4)
+    assert out[0, 1, 2:].isnan().all() and not out[0, 1, :2].isnan().any()
 
 
 def test_softmax_attention_is_causal_softmax():
