@@ -21,8 +21,12 @@ Denominator (``normalize``):
 - ``"abs"``: ``den ← max(|den|, eps)``: the magnitude only.
 - ``False`` / ``"none"``: no denominator (pair it with an output norm in the mixer).
 
-State and denominator are accumulated in float32 (float64 when an input is float64); the
-output has ``v``'s dtype.
+Precision (:mod:`arbench.precision`): the reference forms (quadratic, recurrent, and every form
+off the CPU kernels) compute in fp32, or in float64 for float64 inputs, with autocast off. The
+chunked CPU kernel takes bf16 operands under autocast (its intra-chunk products and per-chunk
+states are bf16 matmuls) and keeps the running state, the output and the denominator in fp32.
+The gated forms (``log_decay``) are reference forms in this sense: they run in plain tensor ops,
+in fp32 (float64 for float64 inputs) with autocast off.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from arbench.decay import check_log_decay, decay_matrix, pad_rows, working_dtype
+from arbench.decay import check_log_decay, decay_matrix, pad_rows
 from arbench.delta import delta_attention
+from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, kernel_dtype, use_cpu_kernels
 
 MODES = ("quadratic", "recurrent", "chunked")
 NORMALIZE = ("signed", "abs", "none")
@@ -103,9 +108,12 @@ def _running_sum_(states: torch.Tensor, reverse: bool = False) -> torch.Tensor:
 
 def _add_bmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``out += a @ b`` for ``(B, k, rows, cols)`` slices: fused (``baddbmm`` into ``out``)
-    when B = 1, where the slice is one contiguous batch of matrices, else a matmul and an add.
+    when B = 1 and the dtypes agree, where the slice is one contiguous batch of matrices, else a
+    matmul and an add. ``b`` is cast to ``a``'s dtype (an fp32 state against bf16 features);
+    ``out`` may be wider than both (an fp32 output of bf16 products).
     (The ``out=`` form rather than ``baddbmm_``: the same kernel, and FLOP counters see it.)"""
-    if out.shape[0] == 1:
+    b = b.to(a.dtype)
+    if out.shape[0] == 1 and out.dtype == a.dtype:
         torch.baddbmm(out[0], a[0], b[0], out=out[0])
     else:
         out.add_(a @ b)
@@ -123,39 +131,48 @@ class _ChunkedAttention(torch.autograd.Function):
         ∂V_i = A_iᵀ D_i + G_i T_i,   T_i = Σ_{j>i} F_jᵀ D_j  (a reverse running sum).
 
     Saves f, g, v, the masked scores ``A`` (``(B, nc, c, c)``, linear in n) and the states.
+
+    Dtypes: the matmuls run in the inputs' dtype (bf16 under autocast: ``custom_fwd`` casts);
+    the states ``S_i``, ``T_i`` and the output are kept in :func:`accumulator_dtype` (fp32 for
+    bf16 inputs), so the sums over chunks never round to bf16. Gradients return in the inputs'
+    dtype.
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
     def forward(ctx, f: torch.Tensor, g: torch.Tensor, v: torch.Tensor,  # type: ignore[override]
                 c: int) -> torch.Tensor:
         (b, n, m), dv = f.shape, v.shape[-1]
         nc = n // c
+        acc = accumulator_dtype(f)
         fc, gc, vc = f.view(b, nc, c, m), g.view(b, nc, c, m), v.view(b, nc, c, dv)
         scores = (fc @ gc.transpose(-1, -2)).tril_()  # (b, nc, c, c)
-        out = scores @ vc  # (b, nc, c, dv)
+        out = (scores @ vc).to(acc)  # (b, nc, c, dv); no copy when the inputs are fp32
         states = None
         if nc > 1:
-            states = _running_sum_(gc[:, :-1].transpose(-1, -2) @ vc[:, :-1])  # (b, nc-1, m, dv)
-            _add_bmm_(out[:, 1:], fc[:, 1:], states)
+            states = _running_sum_((gc[:, :-1].transpose(-1, -2) @ vc[:, :-1]).to(acc))
+            _add_bmm_(out[:, 1:], fc[:, 1:], states)  # states: (b, nc-1, m, dv)
         ctx.save_for_backward(f, g, v, scores, states)
         ctx.c = c
         return out.view(b, n, dv)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         f, g, v, scores, states = ctx.saved_tensors
         c = ctx.c
         (b, n, m), dv = f.shape, v.shape[-1]
         nc = n // c
         fc, gc, vc = f.view(b, nc, c, m), g.view(b, nc, c, m), v.view(b, nc, c, dv)
-        d = grad_out.contiguous().view(b, nc, c, dv)
+        d = grad_out.to(f.dtype).contiguous().view(b, nc, c, dv)
         d_scores = (d @ vc.transpose(-1, -2)).tril_()  # (b, nc, c, c)
         grad_f = d_scores @ gc
         grad_g = d_scores.transpose(-1, -2) @ fc
         grad_v = scores.transpose(-1, -2) @ d
         if nc > 1:
             _add_bmm_(grad_f[:, 1:], d[:, 1:], states.transpose(-1, -2))
-            later = _running_sum_(fc[:, 1:].transpose(-1, -2) @ d[:, 1:], reverse=True)
+            later = _running_sum_((fc[:, 1:].transpose(-1, -2) @ d[:, 1:]).to(states.dtype),
+                                  reverse=True)
             _add_bmm_(grad_g[:, :-1], vc[:, :-1], later.transpose(-1, -2))
             _add_bmm_(grad_v[:, :-1], gc[:, :-1], later)
         return grad_f.view(b, n, m), grad_g.view(b, n, m), grad_v.view(b, n, dv), None
@@ -223,7 +240,7 @@ def _chunked(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, chunk_size: int,
     f, g, v = (pad_rows(t, pad) for t in (f, g, v))
     if log_decay is not None:
         out = _chunked_gated(f, g, v, pad_rows(log_decay, pad, scalar=True), c)
-    elif torch.compiler.is_compiling():
+    elif not use_cpu_kernels(f):
         out = _chunked_plain(f, g, v, c)
     else:
         flat = [t.reshape(-1, *t.shape[-2:]).contiguous() for t in (f, g, v)]
@@ -253,13 +270,17 @@ def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if log_decay is not None:
         check_log_decay(log_decay, f.shape[:-1])
-    out_dtype, dtype = v.dtype, working_dtype(f, g, v)
+    out_dtype, acc = v.dtype, accumulator_dtype(f, g, v)
+    # the CPU kernel takes bf16 operands under autocast; every other form computes in ``acc``
+    kernel = mode == "chunked" and log_decay is None and use_cpu_kernels(f)
+    dtype = kernel_dtype(f, g, v) if kernel else acc
     f, g, v = f.to(dtype), g.to(dtype), v.to(dtype)
     if log_decay is not None:
-        log_decay = log_decay.to(dtype)
+        log_decay = log_decay.to(acc)
     if how != "none":
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    out = _FORMS[mode](f, g, v, chunk_size, log_decay)
+    with torch.autocast(f.device.type, enabled=False):
+        out = _FORMS[mode](f, g, v, chunk_size, log_decay).to(acc)
     if how != "none":
         out = out[..., :-1] / safe_denominator(out[..., -1:], eps, how)
     return out.to(out_dtype)

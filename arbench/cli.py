@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 from arbench.allocator import keep_heap
 from arbench.data.datamodule import MQARDataModule
 from arbench.lit import DivergenceError, LitRecall
+from arbench.precision import bf16_warning
 from arbench.summary import RunSummary
 
 TRAINER_DEFAULTS = {
@@ -60,6 +61,9 @@ class ArbenchCLI(LightningCLI):
 
     def before_fit(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        slow = bf16_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
+        if slow and self.trainer.is_global_zero:
+            print(f"warning: {slow}", file=sys.stderr)
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> ArbenchCLI:

@@ -1,5 +1,5 @@
-"""Helpers shared by the gated linear attention and the delta rule: the working dtype, the
-``log_decay`` check, padding to whole chunks and the masked decay matrix.
+"""Helpers shared by the gated linear attention and the delta rule: the ``log_decay`` check,
+padding to whole chunks and the masked decay matrix.
 
 A decay α_t = exp(log_decay_t) ∈ (0, 1] scales the state before token t is added. Within a
 block of tokens the products of decays are ``exp(b_i − b_j)`` with ``b`` the running sum of
@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-
-def working_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float64 when any input is float64, else float32: states accumulate in at least fp32."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def check_log_decay(log_decay: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from arbench.decay import check_log_decay, decay_matrix, pad_rows, working_dtype
+from arbench.decay import check_log_decay, decay_matrix, pad_rows
+from arbench.precision import accumulator_dtype
 
 DELTA_MODES = ("recurrent", "chunked")
 
@@ -127,24 +128,25 @@ def delta_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: tor
 
     ``f, g``: ``(batch, heads, seq, m)``; ``v``: ``(batch, heads, seq, dv)``; ``beta``:
     ``(batch, heads, seq)`` in [0, 1]; ``log_decay``: ``(batch, heads, seq)``, finite, ≤ 0.
-    Returns ``(batch, heads, seq, dv)`` in ``v``'s dtype; the state is kept in float32
-    (float64 when an input is float64). Any ``seq``: the chunked form pads to whole chunks
-    with β = 0, g = 0 rows (they leave the state unchanged) and drops their outputs.
+    Returns ``(batch, heads, seq, dv)`` in ``v``'s dtype; computes in float32 (float64 when
+    an input is float64) with autocast off, like the reference forms of ``linear_attention``.
+    Any ``seq``: the chunked form pads to whole chunks with β = 0, g = 0 rows (they leave the
+    state unchanged) and drops their outputs.
     """
     _check(f, g, v, beta, log_decay, mode, chunk_size)
-    extra = () if log_decay is None else (log_decay,)
-    out_dtype, dtype = v.dtype, working_dtype(f, g, v, beta, *extra)
-    f, g, v, beta = f.to(dtype), g.to(dtype), v.to(dtype), beta.to(dtype)
+    out_dtype, acc = v.dtype, accumulator_dtype(f, g, v)
+    f, g, v, beta = f.to(acc), g.to(acc), v.to(acc), beta.to(acc)
     if log_decay is not None:
-        log_decay = log_decay.to(dtype)
-    if mode == "recurrent":
-        return _delta_recurrent(f, g, v, beta, log_decay).to(out_dtype)
-    (*lead, n, _), dv = f.shape, v.shape[-1]
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    f, g, v = (pad_rows(t, pad).flatten(0, -3) for t in (f, g, v))  # (B, n + pad, ·)
-    beta = pad_rows(beta, pad, scalar=True).flatten(0, -2)
-    if log_decay is not None:
-        log_decay = pad_rows(log_decay, pad, scalar=True).flatten(0, -2)
-    out = _delta_chunked(f, g, v, beta, log_decay, c).view(*lead, n + pad, dv)
+        log_decay = log_decay.to(acc)
+    with torch.autocast(f.device.type, enabled=False):  # fp32 matmuls under autocast too
+        if mode == "recurrent":
+            return _delta_recurrent(f, g, v, beta, log_decay).to(out_dtype)
+        (*lead, n, _), dv = f.shape, v.shape[-1]
+        c = min(chunk_size, n)
+        pad = (-n) % c
+        f, g, v = (pad_rows(t, pad).flatten(0, -3) for t in (f, g, v))  # (B, n + pad, ·)
+        beta = pad_rows(beta, pad, scalar=True).flatten(0, -2)
+        if log_decay is not None:
+            log_decay = pad_rows(log_decay, pad, scalar=True).flatten(0, -2)
+        out = _delta_chunked(f, g, v, beta, log_decay, c).view(*lead, n + pad, dv)
     return out[..., :n, :].to(out_dtype)

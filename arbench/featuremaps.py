@@ -23,6 +23,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, kernel_dtype, use_cpu_kernels
+
 
 def _require_int(name: str, value: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -200,10 +202,16 @@ class _BlockedMap(torch.autograd.Function):
 
     Saves the input, the weights and the projections (as autograd would) and computes, block by
     block, the projections' gradient (``kind.grad_into``), then ``∂x`` (a matmul into the
-    block's rows) and ``∂w`` (accumulated with ``addmm_``).
+    block's rows) and ``∂w`` (summed over blocks in an fp32 accumulator, returned in fp32).
+
+    Autocast: inputs are cast to bf16 and the whole map runs in bf16 (projections and the product
+    over p). Measured on random inputs (tests/test_precision.py), the product of p bf16 factors
+    is within a few bf16 roundings of the fp32 map: an fp32 product of the same bf16 projections
+    is no closer, because the projections' own rounding dominates.
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int,  # type: ignore[override]
                 block: int) -> torch.Tensor:
         keep = x.new_empty(x.shape[0], w.shape[1])
@@ -213,20 +221,24 @@ class _BlockedMap(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         x, w, proj = ctx.saved_tensors
         kind, block, n = ctx.kind, ctx.block, x.shape[0]
         need_x, need_w = ctx.needs_input_grad[:2]
         grad_x = torch.empty_like(x) if need_x else None
-        grad_w = torch.zeros_like(w) if need_w else None
+        low = x.dtype != accumulator_dtype(x)  # bf16: sum the blocks' ∂w in fp32
+        grad_w = torch.zeros_like(w, dtype=accumulator_dtype(x)) if need_w else None
         scratch = kind.grad_scratch(x, min(block, n))
-        grad_out = grad_out.contiguous()
+        grad_out = grad_out.to(x.dtype).contiguous()
         for i in range(0, n, block):
             j = min(i + block, n)
             g = kind.grad_into(proj[i:j], grad_out[i:j], scratch)
             if grad_x is not None:
                 torch.mm(g, w.t(), out=grad_x[i:j])
-            if grad_w is not None:
+            if grad_w is not None and low:
+                grad_w.add_(x[i:j].t() @ g)
+            elif grad_w is not None:
                 grad_w.addmm_(x[i:j].t(), g)
         return grad_x, grad_w, None, None, None
 
@@ -236,20 +248,15 @@ def _blocked_map(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int) -> torch
     :data:`CP_BLOCK_ROWS` rows (with :class:`_BlockedMap` when a gradient is needed);
     returns ``(..., m)``."""
     d = w.shape[0]
-    x2 = x.reshape(-1, d).contiguous()
-    w = w.to(x2.dtype).contiguous()
+    dtype = kernel_dtype(x)  # bf16 under autocast, as the Function's custom_fwd casts
+    x2 = x.reshape(-1, d).to(dtype).contiguous()
+    w = w.to(dtype).contiguous()
     block = CP_BLOCK_ROWS or max(x2.shape[0], 1)
     if torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad):
         out = _BlockedMap.apply(x2, w, kind, m, block)
     else:
         out = _blocked_forward(x2, w, kind, m, block, None)
     return out.view(*x.shape[:-1], m)
-
-
-def _plain_form(x: torch.Tensor) -> bool:
-    """True where the plain tensor form runs: off the CPU (the device's bandwidth handles the
-    passes) and under ``torch.compile`` (the compiler fuses them)."""
-    return x.device.type != "cpu" or torch.compiler.is_compiling()
 
 
 def _cp_unblocked(x: torch.Tensor, w: torch.Tensor, p: int, rank: int) -> torch.Tensor:
@@ -274,7 +281,7 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     w = theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (d, p*rank*m)
     if p == 1:
         return (x @ w).unflatten(-1, (rank, m)).sum(dim=-2)
-    if _plain_form(x):
+    if not use_cpu_kernels(x):
         return _cp_unblocked(x, w, p, rank)
     return _blocked_map(x, w, _CPKind(p, rank, m), m)
 
@@ -298,7 +305,7 @@ def power_map(x: torch.Tensor, w: torch.Tensor, p: int) -> torch.Tensor:
     """
     if p < 1:
         raise ValueError(f"p must be an integer >= 1, got {p!r}")
-    if _plain_form(x):
+    if not use_cpu_kernels(x):
         return _int_power(x @ w, p)
     return _blocked_map(x, w, _PowerKind(p, w.shape[1]), w.shape[1])
 
@@ -357,13 +364,15 @@ class Flatten(FeatureMap):
 
 class _TaylorFeatures(torch.autograd.Function):
     """``[1, a·x̃, b·vec(x̃ x̃ᵀ)]`` written straight into one ``(rows, 1 + r + r²)`` buffer
-    (no concatenation, no full-width temporaries). ``x̃``: ``(rows, r)``.
+    (no concatenation, no full-width temporaries). ``x̃``: ``(rows, r)``. Under autocast it
+    runs in bf16 (each feature is one product of two factors; the backward's sums run over r).
 
     Backward: ``∂x̃ = a·∂first + b·(∂S + ∂Sᵀ) x̃`` with ``∂S`` the ``(r, r)`` gradient of the
     outer product, read in place from the incoming gradient.
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
     def forward(ctx, xt: torch.Tensor, a: float, b: float) -> torch.Tensor:  # type: ignore[override]
         n, r = xt.shape
         out = xt.new_empty(n, 1 + r + r * r)
@@ -375,8 +384,10 @@ class _TaylorFeatures(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (xt,) = ctx.saved_tensors
+        grad = grad.to(xt.dtype)
         a, b = ctx.scales
         n, r = xt.shape
         outer = grad[:, 1 + r:].reshape(n, r, r)
@@ -402,7 +413,7 @@ class Based(FeatureMap):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xt = self.proj(x)
         a, b = self.r ** -0.25, (2.0 * self.r) ** -0.5
-        if torch.compiler.is_compiling():  # traced ops the compiler can fuse
+        if not use_cpu_kernels(xt):  # traced ops (GPUs; the compiler can fuse them)
             second = ((xt * b).unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2)
             return torch.cat([torch.ones_like(xt[..., :1]), xt * a, second], dim=-1)
         flat = _TaylorFeatures.apply(xt.reshape(-1, self.r), a, b)

@@ -17,6 +17,7 @@ from torch import nn
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
 from arbench.delta import DELTA_MODES, delta_attention
 from arbench.featuremaps import FeatureMap
+from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, use_cpu_kernels
 
 FeatureMapFactory = Callable[[int], FeatureMap]
 
@@ -73,7 +74,9 @@ class _FeatureMapAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
         y = self.mix(x, self.phi_q(q), self.phi_k(k), v)
-        return self.out(merge_heads(self.norm(y)))
+        if isinstance(self.norm, nn.RMSNorm):  # in its weight's dtype: fp32 under autocast
+            y = self.norm(y.to(self.norm.weight.dtype))
+        return self.out(merge_heads(y))
 
     def state_size(self, seq_len: int) -> int:
         return self.feature_dim * self.head_dim * self.num_heads
@@ -218,10 +221,12 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     """``y_t = b + Σ_{s<k} w[:, k−1−s] ⊙ h_{t−s}`` on ``(batch, seq, d)`` in place of a
     transposed ``Conv1d``: k fused multiply-adds over shifted slices, and a backward of the
     same shape (``∂h``: shifted multiply-adds; ``∂w``, ``∂b``: sums over batch and time).
-    ``w``: ``(d, k)``; ``b``: ``(d,)``.
+    ``w``: ``(d, k)``; ``b``: ``(d,)``. Under autocast all three are cast to bf16 (each output
+    is a sum of k terms); ``∂w`` and ``∂b``, sums over batch·time, are taken in fp32.
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
     def forward(ctx, h: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
                 b: torch.Tensor) -> torch.Tensor:
         k = w.shape[1]
@@ -232,17 +237,18 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         h, w = ctx.saved_tensors
-        k = w.shape[1]
-        grad = grad.contiguous()
+        k, acc = w.shape[1], accumulator_dtype(h)
+        grad = grad.to(h.dtype).contiguous()
         grad_h = grad * w[:, k - 1]
-        grad_w = torch.zeros_like(w)
-        grad_w[:, k - 1] = (grad * h).sum((0, 1))
+        grad_w = torch.zeros_like(w, dtype=acc)
+        grad_w[:, k - 1] = (grad * h).sum((0, 1), dtype=acc)
         for s in range(1, min(k, h.shape[1])):
             grad_h[:, :-s].addcmul_(grad[:, s:], w[:, k - 1 - s])
-            grad_w[:, k - 1 - s] = (grad[:, s:] * h[:, :-s]).sum((0, 1))
-        return grad_h, grad_w, grad.sum((0, 1))
+            grad_w[:, k - 1 - s] = (grad[:, s:] * h[:, :-s]).sum((0, 1), dtype=acc)
+        return grad_h, grad_w, grad.sum((0, 1), dtype=acc)
 
 
 class ShortConv(nn.Module):
@@ -262,7 +268,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
-        if torch.compiler.is_compiling():  # the traced convolution
+        if not use_cpu_kernels(h):  # the traced convolution (GPUs, torch.compile)
             u = self.conv(h.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
         else:  # the same convolution without transposes (half the time of Conv1d fwd+bwd)
             u = _CausalDepthwiseConv.apply(h, self.conv.weight[:, 0, :], self.conv.bias)

@@ -4,7 +4,9 @@ The file holds what sweeps and tables read back: the best and the last ``val/acc
 objective), per-slice accuracies at the best validation, step, wall time, state size, parameter
 count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
 The best and last validations and the wall time so far travel in the checkpoint, so a run resumed
-after a kill reports over all its validations, including those before the kill.
+after a kill reports over all its validations, including those before the kill. So do the
+val/acc and training-loss curves behind the ``converged`` and ``collapsed_at`` verdicts
+(:mod:`arbench.curves`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from arbench.curves import collapse_step, is_converged
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -35,6 +39,8 @@ class RunSummary(Callback):
         self.last: dict[str, float] = {}
         self.start = time.time()
         self.earlier_s = 0.0  # wall time of the runs this one resumes, in seconds
+        self.val_curve: list[tuple[int, float]] = []  # (step, val/acc)
+        self.loss_curve: list[tuple[int, float]] = []  # (step, training loss), every step
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.time()
@@ -43,12 +49,21 @@ class RunSummary(Callback):
         return self.earlier_s + time.time() - self.start
 
     def state_dict(self) -> dict:
-        return {"best": dict(self.best), "last": dict(self.last), "wall_time_s": self.wall_time_s()}
+        return {"best": dict(self.best), "last": dict(self.last), "wall_time_s": self.wall_time_s(),
+                "val_curve": list(self.val_curve), "loss_curve": list(self.loss_curve)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.best = dict(state_dict.get("best", {}))
         self.last = dict(state_dict.get("last", {}))
         self.earlier_s = float(state_dict.get("wall_time_s", 0.0))
+        self.val_curve = [tuple(p) for p in state_dict.get("val_curve", [])]
+        self.loss_curve = [tuple(p) for p in state_dict.get("loss_curve", [])]
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs,
+                           batch, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self.loss_curve.append((int(trainer.global_step), float(loss)))
 
     def _log_dir(self, trainer: L.Trainer) -> str | None:
         """The run's folder on rank 0, None elsewhere. ``trainer.log_dir`` broadcasts under
@@ -64,6 +79,7 @@ class RunSummary(Callback):
         if "val/acc" not in metrics:
             return
         metrics["step"] = float(trainer.global_step)
+        self.val_curve.append((int(trainer.global_step), metrics["val/acc"]))
         self.last = metrics
         if not self.best or metrics["val/acc"] > self.best["val/acc"]:
             self.best = metrics
@@ -86,6 +102,9 @@ class RunSummary(Callback):
             "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
                        if k.startswith("val/acc_")},
             "global_step": trainer.global_step,
+            "converged": is_converged(self.val_curve),
+            "collapsed_at": collapse_step(self.loss_curve),
+            "val_curve": [list(p) for p in self.val_curve],
             "wall_time_s": self.wall_time_s(),
             "hparams": hp,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,

@@ -3,7 +3,10 @@
 A *point* is a trial's grid values less ``seed_everything`` and ``model.lr``. For every point
 and lr, accuracy is averaged over seeds; the lr with the best mean is the point's best lr, and
 the row reports mean ± std (sample std, n seeds) there, per-slice means, state size and the
-paper's value where one matches (``sweeps.paper``).
+paper's value where one matches (``sweeps.paper``), with the protocol's flags: ``n_lrs`` (lrs
+tried), ``converged`` (share of the best lr's runs that converged, :mod:`arbench.curves`),
+collapsed runs at the best lr, and whether the best lr sits at an edge of the lrs tried.
+``runs.csv`` keeps one row per run (every trial, whatever its state).
 """
 
 from __future__ import annotations
@@ -61,8 +64,14 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
         for t in trials:
             for name, acc in (t.user_attrs.get("slices") or {}).items():
                 slices[name].append(acc)
+        verdicts = [t.user_attrs.get("converged") for t in trials]
+        known = [bool(v) for v in verdicts if v is not None]
+        lrs = sorted(by_lr)
         out.append({
-            "point": dict(point), "hparams": hp, "best_lr": best_lr,
+            "point": dict(point), "hparams": hp, "best_lr": best_lr, "n_lrs": len(lrs),
+            "lr_at_edge": len(lrs) > 1 and best_lr in (lrs[0], lrs[-1]),
+            "converged": sum(known) / len(known) if known else math.nan,
+            "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in trials),
             "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
             "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
@@ -93,27 +102,35 @@ def label(hp: dict[str, Any]) -> str:
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
     slice_names = sorted({k for r in table for k in r["slices"]},
                          key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
-    header = ["method", "d_model", "state size", "best lr", "acc % (mean ± std, n)", "paper %",
-              *slice_names, "train time s (all runs)"]
+    header = ["method", "d_model", "state size", "best lr (of n_lrs)", "acc % (mean ± std, n)",
+              "paper %", "converged", "flags", *slice_names, "train time s (all runs)"]
     md = [f"# {spec.study} ({spec.profile} profile)", "",
           f"Objective {spec.metric}: the best validation of each run (micro accuracy over answer "
           "positions), mean ± sample std over seeds at the point's best learning rate. "
           "Per-slice columns are means at that lr. Paper values: SPEC.md §4 (their protocol, "
-          "not this profile).", "",
+          "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
+          "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
+          "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
+          "start after halving), a best lr at the edge of the lrs tried. One row per run: "
+          "runs.csv.", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = []
     for r in table:
         hp = r["hparams"]
         paper = "" if r["paper"] is None else f"{r['paper']:.1f}"
-        cells = [label(hp), hp.get("d_model"), hp.get("state_size"), f"{r['best_lr']:g}",
+        cells = [label(hp), hp.get("d_model"), hp.get("state_size"),
+                 f"{r['best_lr']:g} ({r['n_lrs']})",
                  f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})", paper,
+                 "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
                  f"{r['wall_time_s']:.0f}"]
         md.append("| " + " | ".join(str(c) for c in cells) + " |")
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
             "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
-            "paper": r["paper"], **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
+            "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
+            "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
+            **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
             "wall_time_s": r["wall_time_s"]})
     md_path, csv_path = out / "table.md", out / "table.csv"
     md_path.write_text("\n".join(md) + "\n")
@@ -122,6 +139,50 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         writer.writeheader()
         writer.writerows(csv_rows)
     return [md_path, csv_path]
+
+
+def flags(row: dict[str, Any]) -> str:
+    """The protocol's warnings for a table row: collapsed runs, best lr at a grid edge."""
+    out = []
+    if row["collapsed"]:
+        out.append(f"{row['collapsed']} collapsed")
+    if row["lr_at_edge"]:
+        out.append("best lr at grid edge")
+    return "; ".join(out)
+
+
+RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged",
+              "collapsed_at", "wall_time_s", "fail_reason")
+
+
+def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
+    """One row per trial of the study: its grid values, lr, seed, best and last val/acc,
+    steps, the convergence and collapse verdicts, wall time and state (fail reason)."""
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    keys = sorted({k for t in trials for k in t.params if k not in VARYING})
+    out = []
+    for t in trials:
+        ua = t.user_attrs
+        out.append({"trial": t.number, "state": t.state.name.lower(),
+                    **{k: t.params.get(k) for k in keys},
+                    "lr": t.params.get("model.lr"), "seed": t.params.get("seed_everything"),
+                    "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
+                    "steps": ua.get("global_step"), "converged": ua.get("converged"),
+                    "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
+                    "fail_reason": ua.get("fail_reason")})
+    return out
+
+
+def write_runs(spec: SweepSpec, storage: Any, out: Path) -> Path:
+    """``runs.csv``: :func:`run_rows`, one row per run."""
+    runs = run_rows(spec, storage)
+    path = out / "runs.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(runs[0]) if runs else list(RUN_FIELDS))
+        writer.writeheader()
+        writer.writerows(runs)
+    return path
 
 
 def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
@@ -180,7 +241,7 @@ def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:
     out = results / spec.study
     out.mkdir(parents=True, exist_ok=True)
     table = rows(spec, storage)
-    paths = write_table(spec, table, out)
+    paths = write_table(spec, table, out) + [write_runs(spec, storage, out)]
     plots = spec.plots or [{"x": "state_size", "series": "feature_map", "xscale": "log"}]
     paths += [write_plot(table, plot, out) for plot in plots]
     return paths

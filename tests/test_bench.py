@@ -178,3 +178,25 @@ def test_profile_cli_bad_sizes_one_line(capsys):
         main(["--chunk", "0"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --chunk must be >= 1, got 0"]
+
+
+def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
+    cfg = smoke_config(methods=("llops_p2_t1", "softmax"), bf16=("all",), memory=False,
+                       out_dir=str(tmp_path))
+    assert [m.name for m in method_list(cfg) if m.bf16] == ["llops_p2_t1_bf16", "softmax_bf16"]
+    with pytest.raises(ValueError, match="no method \\['nosuch'\\] to run in bf16"):
+        method_list(smoke_config(bf16=("nosuch",)))
+    result = run_benchmark(cfg, log=lambda msg: None)
+    mm = result["matmul_bf16"]
+    assert mm["median"] > 0 and isinstance(result["native_bf16"], bool)
+    twin = [r for r in result["rows"] if r["method"] == "llops_p2_t1_bf16"]
+    assert twin and all(r["bf16"] and r["status"] == "ok" for r in twin)
+    for r in twin:  # bf16 rows are read against the bf16 reference
+        assert r["frac_peak"] == pytest.approx(r["gflops"] / mm["median"])
+    assert result["bf16_check"][0]["rel_err"] < 0.05  # bf16 vs fp32 forward, same weights
+    heads = {(r["spec"], r["head"]) for r in result["train"]}
+    assert {("cpu", "answer_bf16"), ("p4", "answer_bf16")} <= heads
+    targets = [c["target"] for c in result["targets"]["checks"]]
+    assert any("in bf16: ≥ 1.6× the fp32 tokens/s" in t for t in targets)
+    md = (tmp_path / "bench.md").read_text()
+    assert "bf16 matmul reference" in md and "## bf16 autocast" in md

@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", nargs="*", metavar="METHOD",
                     help="also time these linear methods (none named: all) through torch.compile, "
                          "as <name>_compiled, and a compiled training step")
+    ap.add_argument("--bf16", nargs="*", metavar="METHOD",
+                    help="also time these methods (none named: all) under bf16 autocast, as "
+                         "<name>_bf16, with the bf16 matmul reference and a bf16 training step")
     ap.add_argument("--train-samples", type=int,
                     help=f"timed training steps per size and head (default {d.train_samples})")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
@@ -92,6 +95,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         changes["train"] = False
     if args.compile is not None:
         changes["compile"] = tuple(args.compile) or ("all",)
+    if args.bf16 is not None:
+        changes["bf16"] = tuple(args.bf16) or ("all",)
     cfg = replace(cfg, **changes)
     if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {cfg.device}: CUDA is not available here")
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = config_from_args(args)
     result = run_benchmark(cfg, command=shlex.join(["python", "-m", "arbench.bench", *argv]))
     print(f"\nfp32 matmul: {result['matmul']['median']:.1f} GFLOP/s")
+    if result["matmul_bf16"]:
+        print(f"bf16 matmul: {result['matmul_bf16']['median']:.1f} GFLOP/s")
     for check in result["targets"]["checks"]:
         print(f"[{check['verdict']}] {check['target']}: {check['measured']}")
     return result

@@ -48,6 +48,8 @@ class BenchConfig:
     ``normalize``: the linear layers' denominator; ``"none"`` is the recall model's default.
     ``compile``: linear methods that also run through ``torch.compile`` (as ``<name>_compiled``,
     plus an ``answer_compiled`` training head); ``("all",)`` = every linear method.
+    ``bf16``: methods that also run under bf16 autocast (as ``<name>_bf16``, plus an
+    ``answer_bf16`` training head and the bf16 matmul reference); ``("all",)`` = every method.
     """
 
     seq_lens: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
@@ -72,6 +74,7 @@ class BenchConfig:
     check_n: int = 256
     methods: tuple[str, ...] = ()
     compile: tuple[str, ...] = ()
+    bf16: tuple[str, ...] = ()
     memory: bool = True
     train: bool = True
     train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN)

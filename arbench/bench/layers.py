@@ -35,6 +35,12 @@ class Method:
     rank: int = 1
     m: int = 0
     compiled: bool = False
+    bf16: bool = False
+
+    @property
+    def variant(self) -> bool:
+        """True for a ``_compiled`` or ``_bf16`` twin of a method."""
+        return self.compiled or self.bf16
 
     @property
     def linear(self) -> bool:
@@ -60,6 +66,14 @@ def method_list(cfg: BenchConfig) -> list[Method]:
         if unknown:
             raise ValueError(f"cannot compile {sorted(unknown)}; linear methods here: {list(linear)}")
         out += [replace(linear[n], name=f"{n}_compiled", compiled=True) for n in names]
+    if cfg.bf16:
+        plain = {m.name: m for m in out if not m.compiled}
+        names = list(plain) if cfg.bf16 == ("all",) else list(cfg.bf16)
+        unknown = set(names) - set(plain)
+        if unknown:
+            raise ValueError(f"no method {sorted(unknown)} to run in bf16; methods here: "
+                             f"{list(plain)}")
+        out += [replace(plain[n], name=f"{n}_bf16", bf16=True) for n in names]
     return out
 
 
@@ -78,33 +92,42 @@ def build_feature_map(method: Method, cfg: BenchConfig) -> nn.Module:
 
 
 class LinearLayer(nn.Module):
-    """φ_Q, φ_K and causal linear attention; ``mode`` and ``chunk_size`` may be changed."""
+    """φ_Q, φ_K and causal linear attention; ``mode`` and ``chunk_size`` may be changed.
+    ``bf16``: the call runs under bf16 autocast (fp32 inputs and weights, as in mixed-precision
+    training)."""
 
     def __init__(self, phi_q: nn.Module, phi_k: nn.Module, normalize: str, chunk_size: int,
-                 mode: str = "chunked"):
+                 mode: str = "chunked", bf16: bool = False):
         super().__init__()
         self.phi_q, self.phi_k = phi_q, phi_k
-        self.normalize, self.chunk_size, self.mode = normalize, chunk_size, mode
+        self.normalize, self.chunk_size, self.mode, self.bf16 = normalize, chunk_size, mode, bf16
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
-                                chunk_size=self.chunk_size, normalize=self.normalize)
+        with torch.autocast(q.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
+                                    chunk_size=self.chunk_size, normalize=self.normalize)
 
 
 class SoftmaxLayer(nn.Module):
-    """Causal softmax attention (``scaled_dot_product_attention``)."""
+    """Causal softmax attention (``scaled_dot_product_attention``), under bf16 autocast when
+    ``bf16``."""
+
+    def __init__(self, bf16: bool = False):
+        super().__init__()
+        self.bf16 = bf16
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return softmax_attention(q, k, v)
+        with torch.autocast(q.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return softmax_attention(q, k, v)
 
 
 def build_layer(method: Method, cfg: BenchConfig, chunk_size: int) -> nn.Module:
     """The layer of ``method`` on ``cfg.device``, seeded by ``cfg.seed`` (same weights every build)."""
     torch.manual_seed(cfg.seed)
     if not method.linear:
-        return SoftmaxLayer().to(cfg.device)
+        return SoftmaxLayer(bf16=method.bf16).to(cfg.device)
     layer = LinearLayer(build_feature_map(method, cfg), build_feature_map(method, cfg),
-                        cfg.normalize, chunk_size).to(cfg.device)
+                        cfg.normalize, chunk_size, bf16=method.bf16).to(cfg.device)
     if method.compiled:  # one graph per shape; the module's attributes stay readable
         # every compiled layer shares LinearLayer.forward's code object: one graph per
         # (layer, n, grad mode) must fit under dynamo's per-code-object limit (default 8)

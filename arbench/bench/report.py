@@ -15,6 +15,7 @@ from arbench.bench.layers import PASSES
 FLOP_FRACTION_TARGET = 0.60
 SOFTMAX_SPEEDUP_TARGET = 3.0
 MEMORY_RATIO_TARGET = 2.2
+BF16_STEP_SPEEDUP_TARGET = 1.6  # bf16 training step tokens/s over fp32's, the cpu size
 BASED_RANGE = (1000, 10000)  # the SPEC's throughput claim covers 1k–10k tokens
 PASS_NAMES = {"fwd": "forward", "fwd_bwd": "forward+backward"}
 
@@ -155,8 +156,8 @@ def memory_checks(ratios: list[dict]) -> list[dict]:
 
 
 def training_checks(train: list[dict]) -> list[dict]:
-    """The p4 training step reaches ≥ 60% of matmul FLOP/s (each head)."""
-    sel = [r for r in train if r["spec"] == "p4"]
+    """The p4 training step reaches ≥ 60% of fp32 matmul FLOP/s (each fp32 head)."""
+    sel = [r for r in train if r["spec"] == "p4" and not r["head"].endswith("_bf16")]
     if not sel:
         return [_check("p4 training step ≥ 60% of matmul FLOP/s", "not run", None)]
     return [_check(f"p4 training step ({r['head']} head) ≥ 60% of matmul FLOP/s",
@@ -165,15 +166,44 @@ def training_checks(train: list[dict]) -> list[dict]:
             for r in sel]
 
 
+def bf16_checks(result: dict) -> list[dict]:
+    """With bf16 twins: the LLoPS forward at n = 4096 reaches ≥ 60% of the bf16 matmul
+    reference, and the bf16 training step at the ``cpu`` size runs ≥ 1.6× the fp32 tokens/s."""
+    if not result.get("matmul_bf16"):
+        return []
+    out = []
+    sel = [r for r in result["rows"] if r.get("bf16") and r["family"] == "llops"
+           and r["n"] == 4096 and r["pass"] == "fwd" and r["status"] == "ok"]
+    target = "LLoPS layer forward at n = 4096 in bf16: ≥ 60% of bf16 matmul FLOP/s"
+    if sel:
+        worst = min(sel, key=lambda r: r["frac_peak"])
+        out.append(_check(target, f"min {worst['frac_peak']:.0%} ({worst['method']}, "
+                                  f"{worst['gflops']:.1f} GFLOP/s)",
+                          worst["frac_peak"] >= FLOP_FRACTION_TARGET))
+    else:
+        out.append(_check(target, "not run (no LLoPS bf16 twin at n = 4096)", None))
+    steps = {r["head"]: r for r in result["train"] if r["spec"] == "cpu"}
+    target = (f"training step at the cpu size in bf16: ≥ {BF16_STEP_SPEEDUP_TARGET}× the fp32 "
+              "tokens/s")
+    if "answer_bf16" in steps and "answer" in steps:
+        ratio = steps["answer_bf16"]["tokens_per_s"] / steps["answer"]["tokens_per_s"]
+        out.append(_check(target, f"{ratio:.2f}× ({steps['answer_bf16']['tokens_per_s']:,.0f} "
+                                  f"vs {steps['answer']['tokens_per_s']:,.0f} tokens/s)",
+                          ratio >= BF16_STEP_SPEEDUP_TARGET))
+    else:
+        out.append(_check(target, "not run", None))
+    return out
+
+
 def target_checks(result: dict) -> dict:
-    """All checks and the tables behind them, from one run's ``result`` (eager layers; the
-    ``_compiled`` twins are compared with them in their own table)."""
-    rows = [r for r in result["rows"] if not r.get("compiled")]
+    """All checks and the tables behind them, from one run's ``result`` (eager fp32 layers; the
+    ``_compiled`` and ``_bf16`` twins are compared with them in their own tables)."""
+    rows = [r for r in result["rows"] if not r.get("compiled") and not r.get("bf16")]
     based = based_ratios(rows)
     soft = softmax_comparison(rows)
     mem = memory_ratios(rows)
     checks = (flop_fraction_checks(rows) + based_checks(based) + softmax_checks(soft)
-              + memory_checks(mem) + training_checks(result["train"]))
+              + memory_checks(mem) + training_checks(result["train"]) + bf16_checks(result))
     return {"checks": checks, "based": based, "softmax": soft, "memory": mem}
 
 
@@ -184,7 +214,8 @@ def write_outputs(result: dict, out_dir: Path) -> None:
     write_csv(result["train"], out_dir / "train.csv")
     (out_dir / "bench.json").write_text(json.dumps(result, indent=1, default=str))
     (out_dir / "bench.md").write_text(markdown(result))
-    plot([r for r in result["rows"] if not r.get("compiled")], out_dir / "bench.png")
+    plot([r for r in result["rows"] if not r.get("compiled") and not r.get("bf16")],
+         out_dir / "bench.png")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -255,7 +286,8 @@ def _mib(x: float) -> str:
 def markdown(result: dict) -> str:
     """The human-readable report of one run."""
     out = _header_section(result) + _targets_section(result) + _timing_section(result)
-    out += _comparison_section(result) + _compile_section(result) + _memory_section(result)
+    out += _comparison_section(result) + _compile_section(result) + _bf16_section(result)
+    out += _memory_section(result)
     out += _training_section(result)
     out += _notes_section(result)
     return "\n".join(out) + "\n"
@@ -277,6 +309,7 @@ def _header_section(result: dict) -> list[str]:
                                     else "system defaults"),
              f"- fp32 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
              f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f})",
+             *_bf16_matmul_line(result),
              f"- chunk size used: **{chunk['chosen']}**"
              + (f" (smallest forward+backward total of {' + '.join(chunk['methods'])} at "
                 f"n={chunk['n']})" if chunk["table"] else " (given)"), ""]
@@ -302,7 +335,23 @@ def _header_section(result: dict) -> list[str]:
         worst = max(result["compiled_check"], key=lambda r: r["rel_err"])
         lines += [f"torch.compile vs eager (forward, n={worst['n']}, every compiled method): max "
                   f"relative difference {worst['rel_err']:.1e} ({worst['method']}).", ""]
+    if result.get("bf16_check"):
+        worst = max(result["bf16_check"], key=lambda r: r["rel_err"])
+        lines += [f"bf16 autocast vs fp32 (forward, n={worst['n']}, every bf16 method): max "
+                  f"relative difference {worst['rel_err']:.1e} ({worst['method']}).", ""]
     return lines
+
+
+def _bf16_matmul_line(result: dict) -> list[str]:
+    """The bf16 matmul reference and whether the hardware has native bf16 (none without it)."""
+    mm = result.get("matmul_bf16")
+    if not mm:
+        return []
+    native = "native bf16" if result.get("native_bf16") else \
+        "**no native bf16 on this device: emulated**"
+    return [f"- bf16 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
+            f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f}; "
+            f"{mm['median'] / result['matmul']['median']:.2f}× fp32; {native})"]
 
 
 def _load_line(meta: dict) -> str:
@@ -336,34 +385,50 @@ def _timing_section(result: dict) -> list[str]:
     return lines
 
 
-def compile_speedups(rows: list[dict]) -> list[dict]:
-    """Eager / compiled median time of every ``<name>_compiled`` row (> 1: compiling pays)."""
+def twin_speedups(rows: list[dict], flag: str) -> list[dict]:
+    """Base / twin median time of every twin row (``flag``: ``"compiled"`` or ``"bf16"``; the
+    twin is ``<name>_<flag>``), with the twin's share of its matmul reference (> 1: the twin
+    pays)."""
     idx = _index(rows)
     out = []
     for r in rows:
-        eager = idx.get((r["method"].removesuffix("_compiled"), r["n"], r["pass"]))
-        if r.get("compiled") and eager and r["status"] == "ok":
-            out.append({"method": eager["method"], "n": r["n"], "pass": r["pass"],
-                        "speedup": eager["median_ms"] / r["median_ms"]})
+        base = idx.get((r["method"].removesuffix(f"_{flag}"), r["n"], r["pass"]))
+        if r.get(flag) and base and r["status"] == "ok":
+            out.append({"method": base["method"], "n": r["n"], "pass": r["pass"],
+                        "speedup": base["median_ms"] / r["median_ms"],
+                        "frac_peak": r["frac_peak"]})
     return out
 
 
-def _compile_section(result: dict) -> list[str]:
-    speedups = compile_speedups(result["rows"])
+def _twin_section(result: dict, flag: str, intro: list[str], cell) -> list[str]:
+    """Methods × n tables of ``cell(speedup row)`` per pass for the ``flag`` twins."""
+    speedups = twin_speedups(result["rows"], flag)
     if not speedups:
         return []
-    lines = ["## torch.compile: eager time / compiled time (> 1: compiling pays)", "",
-             "Compiled once per shape (`dynamic=False`) during warm-up; the compile time is not "
-             "in these medians.", ""]
-    ns = _ns(result["rows"])
+    lines, ns = list(intro), _ns(result["rows"])
     for pass_ in PASSES:
         sel = [s for s in speedups if s["pass"] == pass_]
         methods = list(dict.fromkeys(s["method"] for s in sel))
-        by = {(s["method"], s["n"]): s["speedup"] for s in sel}
-        body = [[m] + [f"{by[(m, n)]:.2f}×" if (m, n) in by else "–" for n in ns] for m in methods]
+        by = {(s["method"], s["n"]): s for s in sel}
+        body = [[m] + [cell(by[(m, n)]) if (m, n) in by else "–" for n in ns] for m in methods]
         lines += [f"### {PASS_NAMES[pass_]}", ""]
         lines += _table(["method"] + [f"n={n}" for n in ns], body) + [""]
     return lines
+
+
+def _compile_section(result: dict) -> list[str]:
+    intro = ["## torch.compile: eager time / compiled time (> 1: compiling pays)", "",
+             "Compiled once per shape (`dynamic=False`) during warm-up; the compile time is not "
+             "in these medians.", ""]
+    return _twin_section(result, "compiled", intro, lambda s: f"{s['speedup']:.2f}×")
+
+
+def _bf16_section(result: dict) -> list[str]:
+    intro = ["## bf16 autocast: fp32 time / bf16 time (share of the bf16 matmul reference)", "",
+             "The same layers and weights under `torch.autocast(dtype=bfloat16)`; > 1: bf16 "
+             "pays.", ""]
+    return _twin_section(result, "bf16", intro,
+                         lambda s: f"{s['speedup']:.2f}× ({s['frac_peak']:.0%})")
 
 
 def _comparison_section(result: dict) -> list[str]:

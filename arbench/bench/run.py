@@ -32,6 +32,7 @@ from arbench.bench.report import target_checks, write_outputs
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
 from arbench.featuremaps import cp_block_rows
+from arbench.precision import native_bf16
 
 Log = Callable[[str], None]
 
@@ -59,10 +60,10 @@ def chunk_tuning_methods(methods: list[Method]) -> list[Method]:
     """The :func:`tuning_method` and BASED when benchmarked: the two feature widths (m and
     1 + r + r²) whose attention the chunk size shapes. For LLoPS alone the feature map's time
     dominates and two chunk sizes can differ by less than the noise."""
-    first = tuning_method([m for m in methods if not m.compiled])
+    first = tuning_method([m for m in methods if not m.variant])
     if first is None:
         return []
-    based = [m for m in methods if m.family == "based" and not m.compiled and m is not first]
+    based = [m for m in methods if m.family == "based" and not m.variant and m is not first]
     return [first, *based[:1]]
 
 
@@ -101,7 +102,7 @@ def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
 
 def block_tuning_methods(methods: list[Method]) -> list[Method]:
     """LLoPS p=4, t=1 and the LLoPS layer with the most factors p·t (the widest projections)."""
-    llops = [m for m in methods if m.family == "llops" and not m.compiled]
+    llops = [m for m in methods if m.family == "llops" and not m.variant]
     if not llops:
         return []
     widest = max(llops, key=lambda m: m.p * m.rank)
@@ -144,18 +145,19 @@ def check_forms(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
     inputs = make_inputs(cfg, n)
     return [{"method": m.name, "n": n, "chunk": layers[m.name].chunk_size,
              "rel_err": forms_disagreement(layers[m.name], inputs)}
-            for m in methods if m.linear and not m.compiled]
+            for m in methods if m.linear and not m.variant]
 
 
-def check_compiled(cfg: BenchConfig, layers: dict[str, torch.nn.Module],
-                   methods: list[Method]) -> list[dict]:
-    """Forward output of every ``_compiled`` layer against its eager twin (same weights), at the
-    smallest benchmarked n (a shape the timings compile anyway)."""
+def check_twins(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
+                suffix: str) -> list[dict]:
+    """Forward output of every ``<name><suffix>`` twin (``_compiled``, ``_bf16``) against the
+    eager fp32 layer of the same weights, at the smallest benchmarked n (a shape the timings
+    compile anyway)."""
     n = min(cfg.seq_lens)
     inputs = make_inputs(cfg, n)
     return [{"method": m.name, "n": n, "rel_err": compiled_disagreement(
-                layers[m.name], layers[m.name.removesuffix("_compiled")], inputs)}
-            for m in methods if m.compiled]
+                layers[m.name], layers[m.name.removesuffix(suffix)], inputs)}
+            for m in methods if m.name.endswith(suffix) and m.variant]
 
 
 def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
@@ -178,9 +180,10 @@ def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
 
 
 def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
-               cases: dict, peak_gflops: float, memory: dict | None) -> list[dict]:
-    """One row per (method, n, pass): time (ms), FLOPs, achieved GFLOP/s, fraction, peak MiB;
-    a skipped case keeps its row, with NaN measurements and the reason in ``status``."""
+               cases: dict, peaks_gflops: dict[str, float], memory: dict | None) -> list[dict]:
+    """One row per (method, n, pass): time (ms), FLOPs, achieved GFLOP/s, fraction of the matmul
+    reference of its dtype (``peaks_gflops["fp32"]`` or ``["bf16"]``), peak MiB; a skipped case
+    keeps its row, with NaN measurements and the reason in ``status``."""
     peaks = {}
     for row in (memory or {}).get("rows", []):
         peaks[(row["method"], row["n"], row["pass"])] = row["peak_bytes"] / MiB
@@ -191,10 +194,12 @@ def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: li
             for pass_ in PASSES:
                 key = (m.name, n, pass_)
                 flops = layer_flops(m, layer, cfg, n, pass_)
+                dtype = "bf16" if m.bf16 else "fp32"
                 row = {"method": m.name, "family": m.family, "p": m.p, "rank": m.rank,
-                       "features": m.m, "compiled": m.compiled, "n": n, "pass": pass_,
-                       "chunk": layer.chunk_size if m.linear else 0, "gflop": flops / 1e9,
-                       **_timing_fields(cases.get(key), flops, peak_gflops),
+                       "features": m.m, "compiled": m.compiled, "bf16": m.bf16, "n": n,
+                       "pass": pass_, "chunk": layer.chunk_size if m.linear else 0,
+                       "gflop": flops / 1e9,
+                       **_timing_fields(cases.get(key), flops, peaks_gflops[dtype]),
                        "peak_mib": peaks.get(key, math.nan),
                        "status": skip_reason(m, cfg, n, pass_) or "ok"}
                 rows.append(row)
@@ -246,22 +251,32 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
     peak = matmul["median"]
     log(f"fp32 matmul {cfg.matmul_size}^2: {peak:.1f} GFLOP/s "
         f"(min {matmul['min']:.1f}, max {matmul['max']:.1f})")
+    matmul_bf16 = None
+    if cfg.bf16:
+        matmul_bf16 = matmul_throughput(cfg.device, cfg.matmul_size, cfg.matmul_repeats,
+                                        cfg.seed, torch.bfloat16)
+        log(f"bf16 matmul {cfg.matmul_size}^2: {matmul_bf16['median']:.1f} GFLOP/s "
+            f"(native bf16: {native_bf16(cfg.device)})")
+    peaks = {"fp32": peak, "bf16": matmul_bf16["median"] if matmul_bf16 else math.nan}
     blocks = tune_cp_block_rows(cfg, methods, log)
     with cp_block_rows(blocks["chosen"]):
         chunk = tune_chunk_size(cfg, methods, log)
         layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
         forms = check_forms(cfg, layers, methods, chunk["chosen"])
-        compiled = check_compiled(cfg, layers, methods)
+        compiled = check_twins(cfg, layers, methods, "_compiled")
+        bf16_check = check_twins(cfg, layers, methods, "_bf16")
         cases = time_layers(cfg, layers, methods, log)
         memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
         if memory:
             log(f"memory measured ({memory['method']})")
-        train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peak, cfg.seed,
-                                 compiled=bool(cfg.compile)) if cfg.train else []
+        train = measure_training(cfg.train_specs, cfg.device, cfg.train_samples, peaks,
+                                 cfg.seed, compiled=bool(cfg.compile),
+                                 bf16=bool(cfg.bf16)) if cfg.train else []
     result = {"meta": {**machine_info(cfg.device), "command": command, "heap_kept": heap_kept},
-              "config": config_to_dict(cfg), "matmul": matmul, "chunk": chunk, "cp_blocks": blocks,
-              "forms": forms, "compiled_check": compiled,
-              "rows": layer_rows(cfg, layers, methods, cases, peak, memory),
+              "config": config_to_dict(cfg), "matmul": matmul, "matmul_bf16": matmul_bf16,
+              "native_bf16": native_bf16(cfg.device), "chunk": chunk, "cp_blocks": blocks,
+              "forms": forms, "compiled_check": compiled, "bf16_check": bf16_check,
+              "rows": layer_rows(cfg, layers, methods, cases, peaks, memory),
               "memory": _memory_meta(memory), "train": train}
     result["targets"] = target_checks(result)
     result["meta"].update(wall_s=time.perf_counter() - start, loadavg_start=load_start,

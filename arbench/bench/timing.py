@@ -62,14 +62,16 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
 
 
-def matmul_throughput(device: str, size: int, repeats: int, seed: int = 0) -> dict[str, float]:
-    """fp32 throughput of ``size × size`` matmuls (GFLOP/s: median, min, max over ``repeats``).
+def matmul_throughput(device: str, size: int, repeats: int, seed: int = 0,
+                      dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """Throughput of ``size × size`` matmuls in ``dtype`` (GFLOP/s: median, min, max over
+    ``repeats``).
 
     Each product is ``2·size³`` FLOPs; the first two products are warm-up.
     """
     gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(size, size, generator=gen).to(device)
-    b = torch.randn(size, size, generator=gen).to(device)
+    a = torch.randn(size, size, generator=gen).to(device, dtype)
+    b = torch.randn(size, size, generator=gen).to(device, dtype)
     fn = lambda: torch.mm(a, b)  # noqa: E731
     fn(), fn()
     times = [time_call(fn, device) for _ in range(repeats)]

@@ -3,7 +3,10 @@
 Two heads: ``answer`` (``model.loss``: the LM head only at the scored positions, the training
 path) and ``full`` (cross-entropy of ``model(x)`` at every position, ``ignore_index=-100``);
 with ``compiled=True`` a third, ``answer_compiled``: the answer head with the model body run
-through ``torch.compile`` (``RecallModel.compile_body``, as ``model.compile: true`` trains).
+through ``torch.compile`` (``RecallModel.compile_body``, as ``model.compile: true`` trains);
+with ``bf16=True`` an ``answer_bf16`` head: the answer-head step under bf16 autocast (fp32
+weights and AdamW state, as ``--trainer.precision bf16-mixed`` trains), its FLOP/s read against
+the bf16 matmul reference.
 
 FLOPs of a step = 3 × forward (see ``arbench.bench.flops``); the forward counts the linear
 layers (``2·rows·in·out``), the depthwise convolution (``2·T·D·k``), the feature maps, the
@@ -80,20 +83,24 @@ def full_head_loss(model: RecallModel, x: torch.Tensor, labels: torch.Tensor) ->
 
 def make_step(model: RecallModel, opt: torch.optim.Optimizer, x: torch.Tensor,
               labels: torch.Tensor, head: str) -> Callable[[], None]:
-    """A closure running one AdamW step of ``model`` on ``(x, labels)`` with ``head``."""
+    """A closure running one AdamW step of ``model`` on ``(x, labels)`` with ``head``
+    (``*_bf16``: the forward under bf16 autocast; the backward outside it, as Lightning does)."""
+    bf16 = head.endswith("_bf16")
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = full_head_loss(model, x, labels) if head == "full" else model.loss(x, labels)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = full_head_loss(model, x, labels) if head == "full" else model.loss(x, labels)
         loss.backward()
         opt.step()
     return step
 
 
-def training_cases(specs: Sequence[TrainSpec], device: str, seed: int,
-                   compiled: bool = False) -> tuple[list[Case], dict[tuple[str, str], dict]]:
+def training_cases(specs: Sequence[TrainSpec], device: str, seed: int, compiled: bool = False,
+                   bf16: bool = False) -> tuple[list[Case], dict[tuple[str, str], dict]]:
     """One warmed-up case per (spec, head) and its static facts (tokens, FLOPs, rows)."""
     cases, facts = [], {}
-    heads = HEADS + (("answer_compiled",) if compiled else ())
+    heads = HEADS + (("answer_compiled",) if compiled else ()) + (("answer_bf16",) if bf16 else ())
     for spec in specs:
         x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=seed)
         x, labels = x.to(device), labels.to(device)
@@ -113,9 +120,11 @@ def training_cases(specs: Sequence[TrainSpec], device: str, seed: int,
 
 
 def measure_training(specs: Sequence[TrainSpec], device: str, samples: int,
-                     peak_gflops: float, seed: int = 0, compiled: bool = False) -> list[dict]:
-    """Rows ``{spec, head, tokens_per_s (median/min/max), step_ms, gflops, frac_peak, ...}``."""
-    cases, facts = training_cases(specs, device, seed, compiled)
+                     peaks_gflops: dict[str, float], seed: int = 0, compiled: bool = False,
+                     bf16: bool = False) -> list[dict]:
+    """Rows ``{spec, head, tokens_per_s (median/min/max), step_ms, gflops, frac_peak, ...}``;
+    ``frac_peak`` against ``peaks_gflops["bf16"]`` for the bf16 head, else ``["fp32"]``."""
+    cases, facts = training_cases(specs, device, seed, compiled, bf16)
     round_robin([cases], samples, device)
     by_spec = {s.name: s for s in specs}
     rows = []
@@ -123,6 +132,7 @@ def measure_training(specs: Sequence[TrainSpec], device: str, samples: int,
         name, head = case.key
         fact, stats = facts[case.key], summary(case.samples)
         gflops = fact["flops"] / stats["median"] / 1e9
+        peak_gflops = peaks_gflops["bf16" if head.endswith("_bf16") else "fp32"]
         rows.append({"spec": name, "head": head, **vars_of(by_spec[name]),
                      "step_ms": 1e3 * stats["median"], "step_ms_min": 1e3 * stats["min"],
                      "step_ms_max": 1e3 * stats["max"],

@@ -126,6 +126,9 @@ def test_two_workers_split_grid_sqlite(tmp_path):
     assert table.count("| LLoPS p=") == 2 and "± " in table
     assert (tmp_path / "results/twoworkers/table.csv").exists()
     assert list((tmp_path / "results/twoworkers").glob("*.png")), out.stdout
+    runs = (tmp_path / "results/twoworkers/runs.csv").read_text().splitlines()
+    assert len(runs) == 5 and "converged" in runs[0] and "collapsed_at" in runs[0]
+    assert all(",complete," in line for line in runs[1:])
 
 
 @pytest.mark.skipif(not os.environ.get("ARBENCH_TEST_PG_URL"),
@@ -218,3 +221,47 @@ def test_plot_where_selects_rows_by_value_and_by_product(tmp_path, monkeypatch):
                       tmp_path)
     assert seen.pop("p=2") == [(2.0, 70.0), (4.0, 80.0)]
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.png", "b.png", "c.png"]
+
+
+def test_report_flags_and_one_row_per_run(tmp_path):
+    """Best lr by mean over seeds, n / n_lrs / converged share / collapses / lr at an edge."""
+    import csv
+    from types import SimpleNamespace
+
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps import report
+
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="flags", storage=storage, direction="maximize")
+    lrs, seeds = [3e-4, 1e-3, 3e-3], [0, 1, 2]
+    dists = {"model.lr": CategoricalDistribution(lrs), "seed_everything":
+             CategoricalDistribution(seeds), "p": CategoricalDistribution([4])}
+    acc = {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.7}
+    for lr in lrs:
+        for seed in seeds:
+            attrs = {"converged": not (lr == 1e-3 and seed == 2), "global_step": 1000,
+                     "collapsed_at": 520 if (lr == 1e-3 and seed == 1) else None,
+                     "hparams": {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1},
+                     "val_acc": acc[lr], "last_val_acc": acc[lr] - 0.01}
+            study.add_trial(optuna.trial.create_trial(
+                params={"model.lr": lr, "seed_everything": seed, "p": 4}, distributions=dists,
+                value=acc[lr] + 0.01 * seed, user_attrs=attrs))
+    spec = SimpleNamespace(study="flags", direction="maximize", metric="val/acc", profile="cpu",
+                           plots=[])
+    (row,) = report.rows(spec, storage)
+    assert row["best_lr"] == 1e-3 and row["n"] == 3 and row["n_lrs"] == 3
+    assert row["converged"] == 2 / 3 and row["collapsed"] == 1 and not row["lr_at_edge"]
+    assert report.flags(row) == "1 collapsed"
+    report.write_table(spec, [row], tmp_path)
+    table = next(csv.DictReader((tmp_path / "table.csv").open()))
+    assert (table["n"], table["n_lrs"], table["collapsed"]) == ("3", "3", "1")
+    assert float(table["converged"]) == 2 / 3
+    report.write_runs(spec, storage, tmp_path)
+    runs = list(csv.DictReader((tmp_path / "runs.csv").open()))
+    assert len(runs) == 9
+    assert {"p", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged", "collapsed_at",
+            "wall_time_s", "state"} <= set(runs[0])
+    assert sum(r["collapsed_at"] == "520" for r in runs) == 1
+    edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0)
+    assert report.flags(edge) == "best lr at grid edge"

@@ -1,0 +1,48 @@
+"""Convergence and collapse verdicts on synthetic curves."""
+
+import math
+
+from arbench.curves import collapse_step, is_converged, smoothed
+
+
+def val(steps, accs):
+    return list(zip(steps, accs))
+
+
+def test_plateau_converges_and_a_climb_does_not():
+    steps = [250, 500, 750, 1000]
+    assert is_converged(val(steps, [0.3, 0.6, 0.80, 0.805])) is True  # +0.5 point
+    assert is_converged(val(steps, [0.3, 0.6, 0.714, 0.761])) is False  # the lr=1e-3 p4 run
+    assert is_converged(val(steps, [0.3, 0.6, 0.9, 0.7])) is True  # fell: not rising any more
+    assert is_converged(val(steps, [0.2, 0.5, 0.7, 0.99])) is True  # the stopping threshold
+    assert is_converged(val([1000], [0.5])) is False  # no validation before the last quarter
+    assert is_converged([]) is None
+
+
+def loss_curve(values):
+    return [(i + 1, v) for i, v in enumerate(values)]
+
+
+def test_collapse_after_halving_is_found_at_the_crossing_step():
+    start, low = math.log(512), 3.0
+    rise = [low + (5.6 - low) * i / 200 for i in range(200)]
+    curve = loss_curve([start] * 50 + [start - (start - low) * i / 300 for i in range(300)]
+                       + [low] * 100 + rise + [5.6] * 100)
+    step = collapse_step(curve)
+    assert step is not None and 450 < step <= 750
+    # 5.6 = 0.897 × ln 512: the issue's lr=1e-2 run; the smoothed loss crossed 85% there
+    assert dict(smoothed(curve))[step] > 0.85 * start
+
+
+def test_learning_little_or_a_spike_is_not_a_collapse():
+    start = math.log(512)
+    assert collapse_step(loss_curve([start] * 100 + [0.8 * start] * 500)) is None  # never halved
+    learned = [start] * 50 + [1.0] * 500
+    spiked = learned[:300] + [start] * 3 + learned[300:]  # three bad steps, smoothed away
+    assert collapse_step(loss_curve(learned)) is None
+    assert collapse_step(loss_curve(spiked)) is None
+    assert collapse_step(loss_curve([start] * 10)) is None  # too short to judge
+
+
+def test_smoothed_is_a_trailing_mean():
+    assert smoothed([(1, 1.0), (2, 3.0), (3, 5.0)], window=2) == [(1, 1.0), (2, 2.0), (3, 4.0)]
