@@ -359,6 +359,53 @@ class LLoPS(FeatureMap):
         return {"feature_map": "LLoPS", "m": self.m, "p": self.p, "rank": self.rank,
                 "square": self.square, "affine": self.affine}
 
+    @classmethod
+    def from_based(cls, based: Based, p: int = 2, m: int | None = None,
+                   spare_std: float = 0.0) -> LLoPS:
+        """An affine rank-1 LLoPS map with the same kernel as ``based`` (built for each of a
+        layer's query and key maps, the pair reproduces the BASED layer exactly).
+
+        With x̃ = x Wᵀ (``based.proj``), the columns are: one constant 1 (every factor θ = 0,
+        c = 1); r linear terms r^(−1/4)·x̃_i; and r(r+1)/2 quadratic terms s_ij·x̃_i·x̃_j for
+        i ≤ j, with s_ii = (2r)^(−1/2) and s_ij = r^(−1/2) (the pair i < j stands for both
+        orders), so φ(q)·φ(k) = 1 + s + s²/2 with s = q̃·k̃/√r. Factors a term does not use are
+        the constant 1 (θ = 0, c = 1): with p = 4, two of the four factors of a quadratic
+        column. ``m`` (default 1 + r + r(r+1)/2, 153 at r = 16) may be larger: the spare
+        columns start at θ ~ N(0, spare_std²) and c = 0 in every factor: exactly 0 (and, with
+        zero gradient, dead) for ``spare_std = 0``; with a small ``spare_std`` they perturb the
+        kernel by O(spare_std^(2p)) and can learn.
+        """
+        r = based.r
+        need = 1 + r + r * (r + 1) // 2
+        m = need if m is None else m
+        if not isinstance(p, int) or p < 2:
+            raise ValueError(f"from_based needs p >= 2 (a quadratic term is a product of two "
+                             f"factors), got {p!r}")
+        if m < need:
+            raise ValueError(f"from_based needs m >= 1 + r + r(r+1)/2 = {need} for r={r}, "
+                             f"got m={m}")
+        w = based.proj.weight.detach()  # (r, head_dim)
+        out = cls(based.head_dim, m=m, p=p, rank=1, affine=True).to(w.device, w.dtype)
+        theta = torch.zeros_like(out.theta)  # (1, p, head_dim, m)
+        bias = torch.zeros_like(out.bias)  # (1, p, m)
+        bias[0, :, :need] = 1.0  # unused factors of every embedded column are the constant 1
+        theta[0, 0, :, 1:1 + r] = w.t() * r ** -0.25
+        bias[0, 0, 1:1 + r] = 0.0
+        col = 1 + r
+        for i in range(r):
+            for j in range(i, r):
+                scale = (2.0 * r) ** -0.5 if i == j else r ** -0.5
+                theta[0, 0, :, col] = w[i] * scale
+                theta[0, 1, :, col] = w[j]
+                bias[0, :2, col] = 0.0
+                col += 1
+        if m > need:
+            theta[0, :, :, need:] = torch.randn_like(theta[0, :, :, need:]) * spare_std
+        with torch.no_grad():
+            out.theta.copy_(theta)
+            out.bias.copy_(bias)
+        return out
+
 
 class Flatten(FeatureMap):
     """Elementwise polynomial (Flatten Transformer): φ(x) = (x Θ)^p with one shared ``theta``.
