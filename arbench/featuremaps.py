@@ -180,11 +180,12 @@ class _PowerKind:
 _Kind = _CPKind | _PowerKind
 
 
-def _blocked_forward(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int, block: int,
-                     keep: torch.Tensor | None) -> torch.Tensor:
-    """``kind`` applied to ``x @ w`` block by block. ``x``: ``(rows, d)``; ``w``: ``(d, k)``;
-    returns ``(rows, m)``. The projections go into ``keep`` (``(rows, k)``, for the backward
-    pass) or, when it is None, into one reused block buffer."""
+def _blocked_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kind: _Kind,
+                     m: int, block: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """``kind`` applied to ``x @ w (+ bias)`` block by block. ``x``: ``(rows, d)``; ``w``:
+    ``(d, k)``; ``bias``: ``(k,)`` or None; returns ``(rows, m)``. The projections go into
+    ``keep`` (``(rows, k)``, for the backward pass) or, when it is None, into one reused block
+    buffer."""
     n = x.shape[0]
     out = x.new_empty(n, m)
     buf = x.new_empty(min(block, n), w.shape[1]) if keep is None else None
@@ -192,7 +193,10 @@ def _blocked_forward(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int, bloc
     for i in range(0, n, block):
         j = min(i + block, n)
         proj = keep[i:j] if keep is not None else buf[: j - i]
-        torch.mm(x[i:j], w, out=proj)
+        if bias is None:
+            torch.mm(x[i:j], w, out=proj)
+        else:
+            torch.addmm(bias, x[i:j], w, out=proj)
         kind.forward_into(out[i:j], proj, scratch)
     return out
 
@@ -212,10 +216,10 @@ class _BlockedMap(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int,  # type: ignore[override]
-                block: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
+                bias: torch.Tensor | None, kind: _Kind, m: int, block: int) -> torch.Tensor:
         keep = x.new_empty(x.shape[0], w.shape[1])
-        out = _blocked_forward(x, w, kind, m, block, keep)
+        out = _blocked_forward(x, w, bias, kind, m, block, keep)
         ctx.save_for_backward(x, w, keep)
         ctx.kind, ctx.block = kind, block
         return out
@@ -225,10 +229,12 @@ class _BlockedMap(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         x, w, proj = ctx.saved_tensors
         kind, block, n = ctx.kind, ctx.block, x.shape[0]
-        need_x, need_w = ctx.needs_input_grad[:2]
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = torch.empty_like(x) if need_x else None
-        low = x.dtype != accumulator_dtype(x)  # bf16: sum the blocks' ∂w in fp32
-        grad_w = torch.zeros_like(w, dtype=accumulator_dtype(x)) if need_w else None
+        acc = accumulator_dtype(x)
+        low = x.dtype != acc  # bf16: sum the blocks' ∂w in fp32
+        grad_w = torch.zeros_like(w, dtype=acc) if need_w else None
+        grad_b = w.new_zeros(w.shape[1], dtype=acc) if need_b else None
         scratch = kind.grad_scratch(x, min(block, n))
         grad_out = grad_out.to(x.dtype).contiguous()
         for i in range(0, n, block):
@@ -240,36 +246,45 @@ class _BlockedMap(torch.autograd.Function):
                 grad_w.add_(x[i:j].t() @ g)
             elif grad_w is not None:
                 grad_w.addmm_(x[i:j].t(), g)
-        return grad_x, grad_w, None, None, None
+            if grad_b is not None:
+                grad_b.add_(g.sum(0, dtype=acc))
+        return grad_x, grad_w, grad_b, None, None, None
 
 
-def _blocked_map(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int) -> torch.Tensor:
-    """``kind(x @ w)`` for ``x``: ``(..., d)``, ``w``: ``(d, k)`` on a CPU, in blocks of
-    :data:`CP_BLOCK_ROWS` rows (with :class:`_BlockedMap` when a gradient is needed);
-    returns ``(..., m)``."""
+def _blocked_map(x: torch.Tensor, w: torch.Tensor, kind: _Kind, m: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``kind(x @ w + bias)`` for ``x``: ``(..., d)``, ``w``: ``(d, k)``, ``bias``: ``(k,)`` or
+    None on a CPU, in blocks of :data:`CP_BLOCK_ROWS` rows (with :class:`_BlockedMap` when a
+    gradient is needed); returns ``(..., m)``."""
     d = w.shape[0]
     dtype = kernel_dtype(x)  # bf16 under autocast, as the Function's custom_fwd casts
     x2 = x.reshape(-1, d).to(dtype).contiguous()
     w = w.to(dtype).contiguous()
+    bias = None if bias is None else bias.to(dtype).contiguous()
     block = CP_BLOCK_ROWS or max(x2.shape[0], 1)
-    if torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad):
-        out = _BlockedMap.apply(x2, w, kind, m, block)
+    if torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad or (
+            bias is not None and bias.requires_grad)):
+        out = _BlockedMap.apply(x2, w, bias, kind, m, block)
     else:
-        out = _blocked_forward(x2, w, kind, m, block, None)
+        out = _blocked_forward(x2, w, bias, kind, m, block, None)
     return out.view(*x.shape[:-1], m)
 
 
-def _cp_unblocked(x: torch.Tensor, w: torch.Tensor, p: int, rank: int) -> torch.Tensor:
+def _cp_unblocked(x: torch.Tensor, w: torch.Tensor, p: int, rank: int,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same sum of products in plain tensor ops (for ``torch.compile`` and GPUs)."""
-    factors = (x @ w).unflatten(-1, (p, w.shape[1] // p))
+    proj = x @ w if bias is None else x @ w + bias
+    factors = proj.unflatten(-1, (p, w.shape[1] // p))
     out = factors[..., 0, :]
     for j in range(1, p):
         out = out * factors[..., j, :]
     return out.unflatten(-1, (rank, -1)).sum(dim=-2)
 
 
-def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """Σ_r Π_j x Θ_{j,r} with ``theta`` of shape ``(rank, p, d, m)``.
+def cp_polynomial(x: torch.Tensor, theta: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_r Π_j (x Θ_{j,r} + c_{j,r}) with ``theta`` of shape ``(rank, p, d, m)`` and ``bias``
+    (the constants c, affine factors) of shape ``(rank, p, m)`` or None (c = 0).
 
     One matmul of x against all ``rank·p`` projections concatenated (factor-major, so factor j
     of every rank is one contiguous block of ``rank·m`` columns), a product over p and a sum
@@ -279,11 +294,10 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """
     rank, p, d, m = theta.shape
     w = theta.permute(2, 1, 0, 3).reshape(d, p * rank * m)  # (d, p*rank*m)
-    if p == 1:
-        return (x @ w).unflatten(-1, (rank, m)).sum(dim=-2)
-    if not use_cpu_kernels(x):
-        return _cp_unblocked(x, w, p, rank)
-    return _blocked_map(x, w, _CPKind(p, rank, m), m)
+    b = None if bias is None else bias.permute(1, 0, 2).reshape(p * rank * m)  # same order
+    if p == 1 or not use_cpu_kernels(x):
+        return _cp_unblocked(x, w, p, rank, b)
+    return _blocked_map(x, w, _CPKind(p, rank, m), m, b)
 
 
 def _int_power(y: torch.Tensor, p: int) -> torch.Tensor:
@@ -316,10 +330,15 @@ class LLoPS(FeatureMap):
     ``theta``: ``(rank, p, head_dim, m)``. Equals ψ_p(x) Ŵ with Ŵ = Σ_r Θ_{1,r} ⊙ … ⊙ Θ_{p,r}
     (column-wise Kronecker product) without building the ``d^p`` expansion. ``square=True``
     returns φ(x)² elementwise (non-negative features, a kernel of degree 2p).
+
+    ``affine=True`` gives every factor a learned constant, x Θ_{j,r} + c_{j,r} (``bias``:
+    ``(rank, p, m)``, initialised to 0, so the map starts as the plain one): the product then
+    holds every degree ≤ p, as BASED's 1 + s + s²/2 does, and equals ψ_p([x, 1]) Ŵ with the
+    factors [Θ_{j,r}; c_{j,r}] in Ŵ.
     """
 
     def __init__(self, head_dim: int, m: int = 256, p: int = 4, rank: int = 1,
-                 square: bool = False, temperature: float | None = None):
+                 square: bool = False, temperature: float | None = None, affine: bool = False):
         super().__init__()
         self.head_dim = _require_int("head_dim", head_dim)
         self.m = _require_int("m", m)
@@ -329,14 +348,63 @@ class LLoPS(FeatureMap):
         self.feature_dim = m
         std = sketch_std(head_dim, m, p, rank, temperature)
         self.theta = nn.Parameter(torch.randn(rank, p, head_dim, m) * std)
+        self.affine = bool(affine)
+        self.bias = nn.Parameter(torch.zeros(rank, p, m)) if self.affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = cp_polynomial(x, self.theta)
+        out = cp_polynomial(x, self.theta, self.bias)
         return out * out if self.square else out
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "LLoPS", "m": self.m, "p": self.p, "rank": self.rank,
-                "square": self.square}
+                "square": self.square, "affine": self.affine}
+
+    @classmethod
+    def from_based(cls, based: Based, p: int = 2, m: int | None = None,
+                   spare_std: float = 0.0) -> LLoPS:
+        """An affine rank-1 LLoPS map with the same kernel as ``based`` (built for each of a
+        layer's query and key maps, the pair reproduces the BASED layer exactly).
+
+        With x̃ = x Wᵀ (``based.proj``), the columns are: one constant 1 (every factor θ = 0,
+        c = 1); r linear terms r^(−1/4)·x̃_i; and r(r+1)/2 quadratic terms s_ij·x̃_i·x̃_j for
+        i ≤ j, with s_ii = (2r)^(−1/2) and s_ij = r^(−1/2) (the pair i < j stands for both
+        orders), so φ(q)·φ(k) = 1 + s + s²/2 with s = q̃·k̃/√r. Factors a term does not use are
+        the constant 1 (θ = 0, c = 1): with p = 4, two of the four factors of a quadratic
+        column. ``m`` (default 1 + r + r(r+1)/2, 153 at r = 16) may be larger: the spare
+        columns start at θ ~ N(0, spare_std²) and c = 0 in every factor: exactly 0 (and, with
+        zero gradient, dead) for ``spare_std = 0``; with a small ``spare_std`` they perturb the
+        kernel by O(spare_std^(2p)) and can learn.
+        """
+        r = based.r
+        need = 1 + r + r * (r + 1) // 2
+        m = need if m is None else m
+        if not isinstance(p, int) or p < 2:
+            raise ValueError(f"from_based needs p >= 2 (a quadratic term is a product of two "
+                             f"factors), got {p!r}")
+        if m < need:
+            raise ValueError(f"from_based needs m >= 1 + r + r(r+1)/2 = {need} for r={r}, "
+                             f"got m={m}")
+        w = based.proj.weight.detach()  # (r, head_dim)
+        out = cls(based.head_dim, m=m, p=p, rank=1, affine=True).to(w.device, w.dtype)
+        theta = torch.zeros_like(out.theta)  # (1, p, head_dim, m)
+        bias = torch.zeros_like(out.bias)  # (1, p, m)
+        bias[0, :, :need] = 1.0  # unused factors of every embedded column are the constant 1
+        theta[0, 0, :, 1:1 + r] = w.t() * r ** -0.25
+        bias[0, 0, 1:1 + r] = 0.0
+        col = 1 + r
+        for i in range(r):
+            for j in range(i, r):
+                scale = (2.0 * r) ** -0.5 if i == j else r ** -0.5
+                theta[0, 0, :, col] = w[i] * scale
+                theta[0, 1, :, col] = w[j]
+                bias[0, :2, col] = 0.0
+                col += 1
+        if m > need:
+            theta[0, :, :, need:] = torch.randn_like(theta[0, :, :, need:]) * spare_std
+        with torch.no_grad():
+            out.theta.copy_(theta)
+            out.bias.copy_(bias)
+        return out
 
 
 class Flatten(FeatureMap):

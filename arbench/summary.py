@@ -20,6 +20,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from arbench.curves import collapse_step, is_converged
+from arbench.machine import device_name
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -102,6 +103,7 @@ class RunSummary(Callback):
             "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
                        if k.startswith("val/acc_")},
             "global_step": trainer.global_step,
+            "device": device_name(pl_module.device),
             "converged": is_converged(self.val_curve),
             "collapsed_at": collapse_step(self.loss_curve),
             "val_curve": [list(p) for p in self.val_curve],

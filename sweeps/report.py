@@ -72,6 +72,8 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
             "lr_at_edge": len(lrs) > 1 and best_lr in (lrs[0], lrs[-1]),
             "converged": sum(known) / len(known) if known else math.nan,
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in trials),
+            "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
+                               if t.user_attrs.get("device")}),
             "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
             "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
@@ -114,6 +116,9 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           "start after halving), a best lr at the edge of the lrs tried. One row per run: "
           "runs.csv.", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    devices = sorted({d for r in table for d in r["devices"]})
+    if devices:
+        md[2:2] = [f"Device: {', '.join(devices)}.", ""]
     csv_rows = []
     for r in table:
         hp = r["hparams"]

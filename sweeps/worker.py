@@ -241,7 +241,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     value = summary["val_acc"] if spec.metric == "val/acc" else \
         summary["slices"].get(spec.metric.removeprefix("val/acc_"))
     for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
-                "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve"):
+                "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device"):
         trial.set_user_attr(key, summary.get(key))
     trial.set_user_attr("val_acc", summary["val_acc"])
     trial.set_user_attr("state_size", summary["hparams"].get("state_size"))

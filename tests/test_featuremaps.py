@@ -198,6 +198,52 @@ def test_cp_polynomial_blocks_match_the_definition(monkeypatch, p, rank, rows):
     assert torch.autograd.gradcheck(lambda th: cp_polynomial(x.detach(), th), (theta,))
 
 
+@pytest.mark.parametrize("p,rank,rows", [(2, 2, 4), (3, 1, 5), (4, 2, 24)])
+def test_affine_cp_polynomial_matches_the_definition(monkeypatch, p, rank, rows):
+    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
+    torch.manual_seed(p)
+    x = torch.randn(2, 3, 4, dtype=torch.double, requires_grad=True)
+    theta = torch.randn(rank, p, 4, 3, dtype=torch.double, requires_grad=True)
+    bias = torch.randn(rank, p, 3, dtype=torch.double, requires_grad=True)
+    want = sum(torch.prod(torch.stack([x @ theta[r, j] + bias[r, j] for j in range(p)]), dim=0)
+               for r in range(rank))
+    torch.testing.assert_close(cp_polynomial(x, theta, bias), want)
+    with torch.no_grad():
+        torch.testing.assert_close(cp_polynomial(x, theta, bias), want)
+    assert torch.autograd.gradcheck(cp_polynomial, (x, theta, bias))
+    w = theta.detach().permute(2, 1, 0, 3).reshape(4, -1)
+    b = bias.detach().permute(1, 0, 2).reshape(-1)
+    torch.testing.assert_close(featuremaps._cp_unblocked(x.detach(), w, p, rank, b),
+                               want.detach())
+
+
+@pytest.mark.parametrize("p,rank", [(2, 1), (3, 2)])
+def test_affine_llops_meets_the_extended_khatri_rao_identity(p, rank):
+    """φ(x) = ψ_p([x, 1]) Ŵ, Ŵ[:, i] = Σ_r ⊗_j [Θ_{j,r}[:, i]; c_{j,r}[i]] (column-wise
+    Kronecker products of the factors with their constants appended)."""
+    torch.manual_seed(0)
+    d, m = 3, 5
+    fm = LLoPS(d, m=m, p=p, rank=rank, affine=True).double()
+    with torch.no_grad():
+        fm.bias.normal_()
+    x = torch.randn(7, d, dtype=torch.double)
+    xh = torch.cat([x, torch.ones(7, 1, dtype=torch.double)], dim=-1)  # [x, 1]
+    psi = xh
+    for _ in range(p - 1):  # ψ_p([x, 1]) = [x, 1]^{⊗p}, row by row
+        psi = (psi.unsqueeze(-1) * xh.unsqueeze(-2)).flatten(-2)
+    factors = torch.cat([fm.theta, fm.bias.unsqueeze(2)], dim=2).detach()  # (t, p, d+1, m)
+    w_hat = torch.zeros((d + 1) ** p, m, dtype=torch.double)
+    for r in range(rank):
+        col = factors[r, 0]
+        for j in range(1, p):
+            col = (col.unsqueeze(1) * factors[r, j].unsqueeze(0)).flatten(0, 1)
+        w_hat += col
+    torch.testing.assert_close(fm(x), psi @ w_hat)
+    assert fm.hparams()["affine"] is True
+    plain = LLoPS(d, m=m, p=p, rank=rank, affine=True)  # c = 0 at init: the plain map
+    torch.testing.assert_close(plain(x.float()), cp_polynomial(x.float(), plain.theta))
+
+
 def test_cp_polynomial_compiled_form_matches_blocked():
     torch.manual_seed(0)
     x, theta = torch.randn(3, 7, 8), torch.randn(2, 4, 8, 5)

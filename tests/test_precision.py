@@ -38,7 +38,8 @@ def autocast_vs_fp32(module: torch.nn.Module, x: torch.Tensor):
 
 FEATURE_MAPS = [
     partial(LLoPS, m=64, p=2), partial(LLoPS, m=64, p=4), partial(LLoPS, m=64, p=6),
-    partial(LLoPS, m=64, p=4, rank=3), partial(Flatten, m=64, p=4), partial(Based, r=8),
+    partial(LLoPS, m=64, p=4, rank=3), partial(LLoPS, m=64, p=4, affine=True),
+    partial(Flatten, m=64, p=4), partial(Based, r=8),
 ]
 
 

@@ -32,6 +32,7 @@ from arbench.bench.report import target_checks, write_outputs
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
 from arbench.featuremaps import cp_block_rows
+from arbench.machine import cpu_name
 from arbench.precision import native_bf16
 
 Log = Callable[[str], None]
@@ -221,21 +222,10 @@ def _timing_fields(case: Case | None, flops: float, peak_gflops: float) -> dict:
 def machine_info(device: str) -> dict:
     """Device, threads, CPU/GPU name and versions."""
     info = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu": _cpu_name(), "python": platform.python_version()}
+            "cpu": cpu_name(), "python": platform.python_version()}
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dict:

@@ -50,7 +50,7 @@ def test_points_cartesian_and_zipped():
 
 
 @pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
-                                  "normalize", "calibration"])
+                                  "normalize", "calibration", "paper_gpu"])
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
@@ -265,3 +265,14 @@ def test_report_flags_and_one_row_per_run(tmp_path):
     assert sum(r["collapsed_at"] == "520" for r in runs) == 1
     edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0)
     assert report.flags(edge) == "best lr at grid edge"
+
+
+def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    spec = str(ROOT / "sweeps/paper_gpu.yaml")
+    sweep("run", spec, "--profile", "smoke", "--storage", url, "--runs", str(tmp_path / "runs"),
+          cwd=tmp_path, check=True)
+    sweep("report", spec, "--profile", "smoke", "--storage", url, "--out",
+          str(tmp_path / "results"), cwd=tmp_path, check=True)
+    table = (tmp_path / "results/paper_gpu/table.md").read_text()
+    assert "Device: cpu: " in table and table.count("| BASED r=16") == 1
