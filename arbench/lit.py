@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 from arbench.featuremaps import FeatureMap
 from arbench.model import RecallModel
 from arbench.optim import make_adamw
+from arbench.warmstart import warm_start
 
 
 class DivergenceError(RuntimeError):
@@ -39,6 +40,11 @@ class LitRecall(L.LightningModule):
     ``torch.compile``: a one-off compile of 10–30 s, then a faster step (on 2 CPU cores the
     LLoPS p=4 step of the ``cpu`` profile took 0.95× the eager time; results/bench/compile).
     The head stays eager (it gathers the answer positions, a data-dependent shape).
+
+    ``init_from``: a checkpoint of another run to start from (:func:`arbench.warmstart.warm_start`:
+    shared weights copied, a BASED map embedded exactly into this model's affine LLoPS map,
+    spare feature columns at ``N(0, init_spare_std²)``), applied at set-up unless the trainer
+    restores a checkpoint of this run (resume, test); the optimiser starts fresh.
     """
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
@@ -48,7 +54,8 @@ class LitRecall(L.LightningModule):
                  chunk_size: int = 64, attention_mode: str = "chunked", conv_kernel: int = 3,
                  use_mlp: bool = False, tie_embeddings: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.1, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
-                 compile: bool = False, seed: int | None = None):
+                 compile: bool = False, seed: int | None = None, init_from: str | None = None,
+                 init_spare_std: float = 0.0):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -72,6 +79,12 @@ class LitRecall(L.LightningModule):
 
     # ---- data-dependent set-up -------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        if self.hparams.init_from and self.trainer.ckpt_path is None:
+            converted = warm_start(self.model, self.hparams.init_from,
+                                   self.hparams.init_spare_std)
+            if self.trainer.is_global_zero:
+                what = f", {', '.join(converted)} embedded from BASED" if converted else ""
+                print(f"initialised from {self.hparams.init_from}{what}")
         dm = getattr(self.trainer, "datamodule", None)
         names = list(getattr(dm, "slice_names", []))
         if names and names != self.slice_names:
@@ -88,6 +101,7 @@ class LitRecall(L.LightningModule):
                   params=sum(p.numel() for p in self.model.parameters()),
                   state_size=self.state_size())
         hp["seed"] = -1 if self.hparams.seed is None else int(self.hparams.seed)
+        hp["init_from"] = self.hparams.init_from or ""
         return hp
 
     def state_size(self) -> int:
