@@ -18,6 +18,7 @@ from arbench.data.datamodule import MQARDataModule
 from arbench.lit import DivergenceError, LitRecall
 from arbench.precision import bf16_warning
 from arbench.summary import RunSummary
+from arbench.warmstart import WarmStartError
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -80,6 +81,9 @@ def run(args: list[str] | None = None) -> ArbenchCLI | None:
         return build_cli(args)
     except ConfigError as err:
         print(f"error: invalid configuration: {err}", file=sys.stderr)
+        sys.exit(2)
+    except WarmStartError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except DivergenceError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 from arbench.featuremaps import FeatureMap
 from arbench.model import RecallModel
 from arbench.optim import make_adamw
+from arbench.warmstart import warm_start
 
 
 class DivergenceError(RuntimeError):
@@ -31,7 +32,9 @@ class LitRecall(L.LightningModule):
     Batches are ``(inputs (b, n), labels (b, n), slice_index ())`` from
     :class:`~arbench.data.segments.SegmentBatches`.
 
-    Optimiser: AdamW (``lr``, ``weight_decay`` on matrices only; the fused kernel on CPU and
+    Optimiser: AdamW (``lr``, ``weight_decay`` on matrices only, ``feature_map_weight_decay``
+    on the feature maps' parameters when given (0: none; decay on LLoPS's Θ shrinks a product of
+    p factors like scale^p); the fused kernel on CPU and
     CUDA, :func:`arbench.optim.make_adamw`, except fp16 with clipping), linear warm-up for
     ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at the last training step.
 
@@ -39,6 +42,11 @@ class LitRecall(L.LightningModule):
     ``torch.compile``: a one-off compile of 10–30 s, then a faster step (on 2 CPU cores the
     LLoPS p=4 step of the ``cpu`` profile took 0.95× the eager time; results/bench/compile).
     The head stays eager (it gathers the answer positions, a data-dependent shape).
+
+    ``init_from``: a checkpoint of another run to start from (:func:`arbench.warmstart.warm_start`:
+    shared weights copied, a BASED map embedded exactly into this model's affine LLoPS map,
+    spare feature columns at ``N(0, init_spare_std²)``), applied at set-up unless the trainer
+    restores a checkpoint of this run (resume, test); the optimiser starts fresh.
     """
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
@@ -48,12 +56,15 @@ class LitRecall(L.LightningModule):
                  chunk_size: int = 64, attention_mode: str = "chunked", conv_kernel: int = 3,
                  use_mlp: bool = False, tie_embeddings: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.1, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
-                 compile: bool = False, seed: int | None = None):
+                 compile: bool = False, seed: int | None = None, init_from: str | None = None,
+                 init_spare_std: float = 0.0, feature_map_weight_decay: float | None = None):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
-        if weight_decay < 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
-            raise ValueError("model.weight_decay and model.warmup_steps must be >= 0 and "
+        if weight_decay < 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1 or (
+                feature_map_weight_decay is not None and feature_map_weight_decay < 0):
+            raise ValueError("model.weight_decay, model.feature_map_weight_decay and "
+                             "model.warmup_steps must be >= 0 and "
                              "model.min_lr_ratio in [0, 1]")
         self.save_hyperparameters(logger=False)
         mixers = list(mixers) if mixers is not None else ["conv", "linear"]
@@ -72,6 +83,12 @@ class LitRecall(L.LightningModule):
 
     # ---- data-dependent set-up -------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        if self.hparams.init_from and self.trainer.ckpt_path is None:
+            converted = warm_start(self.model, self.hparams.init_from,
+                                   self.hparams.init_spare_std)
+            if self.trainer.is_global_zero:
+                what = f", {', '.join(converted)} embedded from BASED" if converted else ""
+                print(f"initialised from {self.hparams.init_from}{what}")
         dm = getattr(self.trainer, "datamodule", None)
         names = list(getattr(dm, "slice_names", []))
         if names and names != self.slice_names:
@@ -88,6 +105,7 @@ class LitRecall(L.LightningModule):
                   params=sum(p.numel() for p in self.model.parameters()),
                   state_size=self.state_size())
         hp["seed"] = -1 if self.hparams.seed is None else int(self.hparams.seed)
+        hp["init_from"] = self.hparams.init_from or ""
         return hp
 
     def state_size(self) -> int:
@@ -172,13 +190,23 @@ class LitRecall(L.LightningModule):
 
     # ---- optimisation ----------------------------------------------------------------------
     def configure_optimizers(self):
-        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        fm_decay = self.hparams.feature_map_weight_decay
+        fm_ids = set()
+        if fm_decay is not None:
+            fm_ids = {id(p) for m in self.modules() if isinstance(m, FeatureMap)
+                      for p in m.parameters()}
+        fm_params = [p for p in self.parameters() if id(p) in fm_ids and p.requires_grad]
+        rest = [p for p in self.parameters() if id(p) not in fm_ids and p.requires_grad]
+        decay = [p for p in rest if p.dim() >= 2]
+        no_decay = [p for p in rest if p.dim() < 2]
         # fp16 loss scaling with a fused optimizer leaves no room for Lightning's clipping
         clipping = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision) in (
             "16-mixed", "16", "16-true")
-        opt = make_adamw([{"params": decay, "weight_decay": self.hparams.weight_decay},
-                          {"params": no_decay, "weight_decay": 0.0}],
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        if fm_params:
+            groups.append({"params": fm_params, "weight_decay": fm_decay})
+        opt = make_adamw(groups,
                          allow_fused=not clipping, lr=self.hparams.lr, betas=(0.9, 0.98))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm, floor = self.hparams.warmup_steps, self.hparams.min_lr_ratio

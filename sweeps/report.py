@@ -77,6 +77,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
             "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
             "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
+            "seed_values": {t.params.get("seed_everything"): t.value for t in trials},
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "paper": paper_value(hp),
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
@@ -137,6 +138,10 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
             "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
             **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
             "wall_time_s": r["wall_time_s"]})
+    claims = claim_rows(table, getattr(spec, "claims", []))
+    if claims:
+        md += ["", "## Paper claims, seed by seed (each side at its best lr)", "",
+               *claims_text(claims)]
     md_path, csv_path = out / "table.md", out / "table.csv"
     md_path.write_text("\n".join(md) + "\n")
     with csv_path.open("w", newline="") as fh:
@@ -144,6 +149,47 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         writer.writeheader()
         writer.writerows(csv_rows)
     return [md_path, csv_path]
+
+
+def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each claim checked seed by seed: the row matching ``better`` against the row matching
+    ``worse`` (each at its best lr), over the seeds both have: ``k`` of ``n`` seeds where the
+    claim holds, and the mean ± sample std of the gap (better − worse). A claim whose rows are
+    missing or ambiguous says so in ``status``."""
+    out = []
+    for claim in claims:
+        picked = []
+        for side in ("better", "worse"):
+            hits = [r for r in table if all(_matches(r["hparams"], k, v)
+                                            for k, v in claim[side].items())]
+            picked.append(hits[0] if len(hits) == 1 else None)
+            if len(hits) != 1:
+                status = f"{len(hits)} rows match {side} {claim[side]}"
+        row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
+               "status": "ok"}
+        if None in picked:
+            out.append({**row, "status": status})
+            continue
+        a, b = picked
+        seeds = sorted(set(a["seed_values"]) & set(b["seed_values"]), key=str)
+        gaps = [a["seed_values"][s] - b["seed_values"][s] for s in seeds]
+        row.update(k=sum(g > 0 for g in gaps), n=len(gaps),
+                   gap_mean=statistics.fmean(gaps) if gaps else math.nan,
+                   gap_std=statistics.stdev(gaps) if len(gaps) > 1 else math.nan)
+        out.append(row)
+    return out
+
+
+def claims_text(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: "claim: holds in k of n seeds, mean gap ± std points"."""
+    lines = []
+    for r in rows:
+        if r["status"] != "ok" or not r["n"]:
+            lines.append(f"- {r['claim']}: not checked ({r['status']})")
+            continue
+        lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
+                     f"{100 * r['gap_mean']:+.1f} ± {100 * r['gap_std']:.1f} points")
+    return lines
 
 
 def flags(row: dict[str, Any]) -> str:

@@ -16,6 +16,8 @@ A spec::
                                        # {type: median, n_startup_trials: 2} (Optuna kwargs)
     args: []                           # extra main.py arguments for every trial
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
+    claims:                            # paper claims checked seed by seed in the report
+      - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
 
 A grid key ``config`` takes config file paths (a method per value). Keys joined by commas vary
 together (zipped), for budgets such as a fixed m·t.
@@ -33,7 +35,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "grid", "lr", "objective", "sampler", "n_trials",
-           "pruner", "args", "profiles", "storage", "description", "plots", "paper"}
+           "pruner", "args", "profiles", "storage", "description", "plots", "paper",
+           "claims"}
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "halving", "threshold")
 
@@ -95,6 +98,7 @@ class SweepSpec:
     args: list[str] = field(default_factory=list)
     storage: str | None = None
     plots: list[dict[str, Any]] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def profile_path(self) -> str:
@@ -163,6 +167,20 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
+def _check_claims(value: Any) -> list[dict[str, Any]]:
+    """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError("claims must be a list of {name, better, worse} mappings")
+    for i, claim in enumerate(value):
+        if not (isinstance(claim, dict) and set(claim) == {"name", "better", "worse"}
+                and isinstance(claim["better"], dict) and isinstance(claim["worse"], dict)):
+            raise SpecError(f"claims[{i}] must be a mapping of name, better: {{hparam: value}} "
+                            "and worse: {hparam: value}")
+    return list(value)
+
+
 def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
     """Read and validate a spec; ``profile`` overrides the spec's own."""
     path = Path(path)
@@ -215,4 +233,5 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
                      metric=objective.get("metric", "val/acc"), direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
-                     plots=_check_plots(merged.get("plots")))
+                     plots=_check_plots(merged.get("plots")),
+                     claims=_check_claims(merged.get("claims")))

@@ -53,6 +53,21 @@ def test_training_uses_the_fused_adamw_on_cpu():
     assert [g["weight_decay"] for g in opt.param_groups] == [model.hparams.weight_decay, 0.0]
 
 
+def test_feature_map_weight_decay_has_its_own_group():
+    model, fit = tiny_model(feature_map_weight_decay=0.0), trainer(max_steps=2)
+    theta_before = model.model.blocks[1].mixer.phi_q.theta.detach().clone()
+    fit.fit(model, tiny_data())
+    (opt,) = fit.optimizers
+    decays = [g["weight_decay"] for g in opt.param_groups]
+    assert decays == [model.hparams.weight_decay, 0.0, 0.0]
+    thetas = {id(m.theta) for m in model.modules() if isinstance(m, LLoPS)}
+    assert {id(p) for p in opt.param_groups[2]["params"]} == thetas  # φ_Q and φ_K: Θ alone
+    assert not any(id(p) in thetas for g in opt.param_groups[:2] for p in g["params"])
+    assert not torch.equal(model.model.blocks[1].mixer.phi_q.theta, theta_before)  # trained
+    with pytest.raises(ValueError, match="feature_map_weight_decay"):
+        tiny_model(feature_map_weight_decay=-1.0)
+
+
 def test_validation_reports_overall_and_slice_accuracy():
     model, data = tiny_model(), tiny_data()
     out = trainer(max_steps=1).validate(model, data)[0]

@@ -276,3 +276,23 @@ def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
           str(tmp_path / "results"), cwd=tmp_path, check=True)
     table = (tmp_path / "results/paper_gpu/table.md").read_text()
     assert "Device: cpu: " in table and table.count("| BASED r=16") == 1
+
+
+def test_claims_are_checked_seed_by_seed():
+    from sweeps import report
+
+    def row(p, values):
+        return {"hparams": {"feature_map": "LLoPS", "p": p}, "seed_values": dict(enumerate(values))}
+
+    table = [row(2, [0.80, 0.85, 0.90]), row(4, [0.90, 0.80, 0.95]), row(6, [0.5, 0.6])]
+    claims = [{"name": "p=4 > p=2", "better": {"p": 4}, "worse": {"p": 2}},
+              {"name": "p=4 > p=6", "better": {"p": 4}, "worse": {"p": 6}},
+              {"name": "LLoPS > BASED", "better": {"p": 4}, "worse": {"feature_map": "Based"}}]
+    got = report.claim_rows(table, claims)
+    assert (got[0]["k"], got[0]["n"]) == (2, 3)
+    assert got[0]["gap_mean"] == pytest.approx(0.1 / 3)
+    assert (got[1]["k"], got[1]["n"]) == (2, 2)  # only the seeds both rows have
+    assert got[2]["status"] == "0 rows match worse {'feature_map': 'Based'}"
+    text = report.claims_text(got)
+    assert text[0] == "- p=4 > p=2: holds in 2 of 3 seeds, mean gap +3.3 ± 7.6 points"
+    assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")

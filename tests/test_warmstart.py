@@ -1,0 +1,65 @@
+"""init_from: continued training from another run's checkpoint, BASED embedded into LLoPS."""
+
+import pytest
+import torch
+from paths import config
+
+from arbench.cli import run
+
+SMOKE = config("profiles/smoke.yaml")
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+AFFINE = ["--model.feature_map.init_args.affine", "true"]
+
+
+@pytest.fixture(scope="module")
+def based_ckpt(tmp_path_factory):
+    """One BASED smoke run (10 steps) that every test starts from."""
+    root = tmp_path_factory.mktemp("based")
+    run(["fit", "--config", config("based.yaml"), "--config", SMOKE, "--trainer.max_steps", "10",
+         "--trainer.logger.init_args.save_dir", str(root / "runs"), *QUIET])
+    return str(root / "runs/based/checkpoints/last.ckpt")
+
+
+def validate(method: str, *args: str) -> float:
+    cli = run(["validate", "--config", config(method), "--config", SMOKE, *args, *QUIET])
+    return float(cli.trainer.callback_metrics["val/acc"])
+
+
+@pytest.mark.parametrize("method", ["p2.yaml", "p4.yaml"])
+def test_embedded_llops_validates_like_the_based_checkpoint(based_ckpt, in_tmp, method):
+    want = validate("based.yaml", "--ckpt_path", based_ckpt)
+    got = validate(method, *AFFINE, "--model.init_from", based_ckpt)
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_fit_continues_from_based_with_a_fresh_optimizer(based_ckpt, in_tmp, capsys):
+    cli = run(["fit", "--config", config("p2.yaml"), "--config", SMOKE, *AFFINE,
+               "--model.init_from", based_ckpt, "--model.init_spare_std", "0.01",
+               "--trainer.max_steps", "4", *QUIET])
+    assert cli.trainer.global_step == 4
+    assert "embedded from BASED" in capsys.readouterr().out
+    ckpt = torch.load(in_tmp / "runs/p2/checkpoints/last.ckpt", weights_only=False)
+    assert ckpt["hyper_parameters"]["init_from"] == based_ckpt
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([config("p4.yaml")], "needs an affine rank-1 LLoPS map"),
+    ([config("p4.yaml"), *AFFINE, "--model.d_model", "64"], "another d_model"),
+    ([config("p4.yaml"), *AFFINE, "--model.feature_map.init_args.m", "64"],
+     "needs m >= 1 + r + r(r+1)/2 = 153"),
+    ([config("flatten.yaml")], "no known conversion"),
+])
+def test_incompatible_checkpoint_one_line(based_ckpt, in_tmp, capsys, args, needle):
+    with pytest.raises(SystemExit) as exc:
+        run(["fit", "--config", args[0], "--config", SMOKE, *args[1:], "--model.init_from",
+             based_ckpt, "--trainer.max_steps", "2", *QUIET])
+    assert exc.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_missing_checkpoint_one_line(in_tmp, capsys):
+    with pytest.raises(SystemExit):
+        run(["fit", "--config", config("based.yaml"), "--config", SMOKE, "--model.init_from",
+             "nope.ckpt", "--trainer.max_steps", "2", *QUIET])
+    assert "error: init_from: no checkpoint at nope.ckpt" in capsys.readouterr().err
