@@ -41,7 +41,7 @@ GRID4 = {"model.feature_map.init_args.p": [2, 3], "seed_everything": [0, 1]}
 def test_points_cartesian_and_zipped():
     spec = load_spec(ROOT / "sweeps" / "rank.yaml", "paper")
     points = spec.points()
-    assert len(points) == 3 * 7 * 3 * 2  # p × (rank, m) × seed × lr
+    assert len(points) == 3 * 7 * 3 * 4  # p × (rank, m) × seed × lr (logspace(-3, -1.5, 4))
     assert {(p["model.feature_map.init_args.rank"], p["model.feature_map.init_args.m"])
             for p in points} >= {(1, 256), (8, 256), (8, 32)}
     cpu = {(p["model.feature_map.init_args.rank"], p["model.feature_map.init_args.m"])
