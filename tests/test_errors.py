@@ -183,3 +183,38 @@ def test_smoke_fit_and_resume_print_no_library_noise(in_tmp):
         for noise in ("LeafSpec", "litlogger", "not resumable", "exists and is not empty",
                       "Warning", "warn("):
             assert noise not in text, text
+
+
+# ---- case 7 (approx, bench), 10: outputs checked before any work, one-line bench errors ----
+def test_approx_unwritable_out_before_any_work(in_tmp, capsys):
+    from arbench.approx.cli import main
+
+    (in_tmp / "file").write_text("")
+    assert main(["--synthetic", "--out", "file/approx", "--steps", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was fitted
+    assert captured.err.strip() == ("error: --out file/approx: cannot write there "
+                                    f"({in_tmp / 'file'} is not a folder)")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--out", "file/bench"], "error: --out file/bench: cannot write there"),
+    (["--methods", "nosuch"], "error: unknown methods ['nosuch']; choose from ['llops_p2_t1'"),
+])
+def test_bench_bad_input_before_any_work(in_tmp, capsys, argv, needle):
+    from arbench.bench.__main__ import main
+
+    (in_tmp / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["--smoke", *argv])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert captured.err.startswith(needle)
+
+
+# ---- case 16: bench --smoke output is ignored by git ---------------------------------------
+def test_bench_smoke_output_is_git_ignored():
+    out = subprocess.run(["git", "check-ignore", "-q", "results/bench_smoke/bench.md"],
+                         cwd=ROOT, capture_output=True)
+    assert out.returncode == 0
