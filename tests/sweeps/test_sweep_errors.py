@@ -6,9 +6,6 @@ import optuna
 from optuna.trial import TrialState
 from test_sweeps import GRID4, sweep, write_spec
 
-from sweeps.storage import open_storage
-from sweeps.worker import enqueue_grid, failed_points, make_study
-
 
 def one_error_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
@@ -71,6 +68,8 @@ def test_report_of_a_study_that_never_ran_writes_nothing(tmp_path):
 
 def test_queueing_lock_leaves_no_study_and_failed_points_are_found(tmp_path):
     from sweeps.spec import load_spec
+    from sweeps.storage import open_storage
+    from sweeps.worker import enqueue_grid, failed_points, make_study
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     storage = open_storage(url)
