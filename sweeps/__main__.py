@@ -104,12 +104,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         counts = count_states(spec.study, storage)
         print(f"study {spec.study}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
               f" (this process ran {ran})", flush=True)
-        if report_failures(spec.study, storage):
+        if report_failures(spec.study, storage, grid=spec.sampler == "grid"):
             return max([1, *codes])
     return max(codes, default=0)
 
 
-def report_failures(study_name: str, storage) -> bool:
+def report_failures(study_name: str, storage, grid: bool) -> bool:
     """Print one ``error:`` line if points of the study ended failed; True if any did."""
     import optuna
 
@@ -121,8 +121,9 @@ def report_failures(study_name: str, storage) -> bool:
     first = failed[0]
     reason = first.user_attrs.get("fail_reason") or "no reason recorded"
     name = first.user_attrs.get("run_name", f"trial {first.number}")
-    print(f"error: {len(failed)} grid point(s) failed, e.g. {name}: {reason}; fix the cause "
-          "and rerun with --retry-failed", file=sys.stderr, flush=True)
+    what, hint = ("grid point(s)", " and rerun with --retry-failed") if grid else ("trial(s)", "")
+    print(f"error: {len(failed)} {what} failed, e.g. {name}: {reason}; fix the cause{hint}",
+          file=sys.stderr, flush=True)
     return True
 
 
