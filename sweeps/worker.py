@@ -171,12 +171,20 @@ def requeue(study: optuna.Study, failed: optuna.trial.FrozenTrial) -> None:
                                              "failed_trial": failed.number}))
 
 
+def drop_legacy_locks(storage: RDBStorage, study_name: str) -> None:
+    """Delete the ``<study>::grid::<hash>`` lock studies older versions left for good."""
+    for name in optuna.get_all_study_names(storage):
+        if name.startswith(f"{study_name}::grid::"):
+            optuna.delete_study(study_name=name, storage=storage)
+
+
 def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
                  retry_failed: bool = False) -> tuple[int, int]:
     """Queue every grid point that has no trial yet and, with ``retry_failed``, every failed
     point again; returns ``(queued, requeued)``. Under :func:`queue_lock`, so concurrent
     starts never queue a point twice."""
     with queue_lock(storage, spec.study):
+        drop_legacy_locks(storage, spec.study)
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
         queued = 0
         for point in spec.points():
