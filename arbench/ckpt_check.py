@@ -39,7 +39,8 @@ def saved_hparams(path: str) -> dict[str, Any]:
     except Exception as err:  # torch raises many kinds for a truncated or foreign file
         text = str(err).strip().split(". ")[0].splitlines()
         reason = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-        raise CliError(f"--ckpt_path {path} is not a readable checkpoint ({reason})") from None
+        raise CliError(f"--ckpt_path {path} is not a readable checkpoint (truncated, or not "
+                       f"written by torch.save: {reason})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CliError(f"--ckpt_path {path} is not a Lightning checkpoint (no state_dict)")
     hparams = dict(ckpt.get("hyper_parameters") or {})
