@@ -15,7 +15,9 @@ import yaml
 from arbench.checks import CliError
 
 _CONFIG_FLAGS = ("--config", "-c")
-_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+               "list": "a list", "dict": "a mapping"}
+_EXPECTED = re.compile(r"Expected a (?:<class '(\w+)'>|typing\.Literal\[(.*)\])$")
 _NOT_FINITE = {"nan", "inf", "+inf", "-inf", "infinity", "-infinity"}
 _SKIP_BULLETS = ("Expected a <class 'NoneType'>", "Expected a path but",
                  "Does not validate against any of the Union subtypes")
@@ -76,6 +78,29 @@ def _first_reason(lines: list[str]) -> str:
     return lines[0] if lines else ""
 
 
+def _expected_union(key: str, lines: list[str]) -> str | None:
+    """``key: expected A or B, got V`` when every Union subtype failed only on its type."""
+    kinds: list[str] = []
+    literals: list[str] = []
+    for line in lines:
+        if not line.startswith("- ") or line[2:].startswith(_SKIP_BULLETS):
+            continue
+        match = _EXPECTED.match(line[2:])
+        if match is None:
+            return None
+        if match.group(1):
+            kinds.append(_TYPE_NAMES.get(match.group(1), match.group(1)))
+        else:
+            literals += [v.strip().strip("'") for v in match.group(2).split(",")]
+    if literals:
+        kinds.append("one of " + ", ".join(dict.fromkeys(literals)))
+    if not kinds:
+        return None
+    given = next((line[len("Given value: "):] for line in lines
+                  if line.startswith("Given value: ")), None)
+    return f"{key}: expected {' or '.join(kinds)}" + (f", got {given}" if given else "")
+
+
 def _phrase(key: str, reason: str) -> str:
     """``key: reason`` with jsonargparse's phrases turned into plain words."""
     class_path = re.search(r"class_path='([^']+)'", reason)
@@ -108,4 +133,8 @@ def short_parser_message(message: str) -> str:
     if head is None:
         return lines[0] + (f" {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else "")
     key, rest = head.groups()
+    if not rest:
+        union = _expected_union(key, lines[1:])
+        if union:
+            return union
     return _phrase(key, rest or _first_reason(lines[1:]))

@@ -132,6 +132,9 @@ def test_invalid_yaml_names_the_file(in_tmp, capsys):
      "error: model.feature_map.init_args.zz: no such option of arbench.featuremaps.LLoPS"),
     (["--model.lr", "nan"], "error: model.lr must be a finite number, got nan"),
     (["--model.d_model", "abc"], "error: model.d_model: expected an integer, got abc"),
+    (["--seed_everything", "x"], "error: seed_everything: expected true or false or an integer, "
+                                 "got x"),
+    (["--data.test_segments", "foo"], "error: data.test_segments: expected a list, got foo"),
 ])
 def test_parser_errors_are_one_line(in_tmp, capsys, args, expected):
     assert one_error(capsys, ["fit", *P4, *args]) == expected
