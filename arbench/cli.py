@@ -3,19 +3,32 @@
 Several ``--config`` files merge left to right, so a method config and a size profile compose::
 
     python main.py fit --config configs/p4.yaml --config configs/profiles/smoke.yaml
+
+Bad input stops before anything is written, with one line ``error: ...`` on stderr: config
+files and parser errors (:mod:`arbench.cli_errors`), a checkpoint that disagrees with the
+configuration (:mod:`arbench.ckpt_check`), an unwritable output folder, a value the model, data
+or trainer rejects, a model too large for memory.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
+from pathlib import Path
 
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from arbench.allocator import keep_heap
+from arbench.checks import CliError, check_writable
+from arbench.ckpt_check import check_checkpoint, last_checkpoint
+from arbench.cli_errors import check_config_files, short_parser_message
 from arbench.data.datamodule import MQARDataModule
 from arbench.lit import DivergenceError, LitRecall
+from arbench.noise import quiet_known_noise
 from arbench.precision import bf16_warning
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
@@ -26,6 +39,7 @@ TRAINER_DEFAULTS = {
                              "default_hp_metric": False}},
     "use_distributed_sampler": False,  # MQARDataModule shards by itself (no eval padding)
 }
+GiB = 2**30
 
 
 def checkpoints_by_run_name(trainer) -> None:
@@ -37,12 +51,50 @@ def checkpoints_by_run_name(trainer) -> None:
             cb.dirpath = os.path.join(logger.save_dir, str(logger.name), "checkpoints")
 
 
-class ConfigError(ValueError):
-    """A configuration value the model or data rejects."""
+class ConfigError(CliError):
+    """A configuration value the model, data or trainer rejects."""
+
+
+class ArbenchParser(LightningArgumentParser):
+    """Parser whose errors are one line naming the key (and a pointer to ``--help``) instead
+    of the usage dump and jsonargparse's Union details."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {short_parser_message(message)}\n"
+                         f"(run `{prog} --help` for the accepted options)\n")
+        sys.exit(2)
+
+
+def _logger_dirs(logger) -> list[str]:
+    """``save_dir`` of each configured logger (a class_path/init_args mapping or a list)."""
+    loggers = logger if isinstance(logger, list) else [logger]
+    dirs = []
+    for item in loggers:
+        init = item.get("init_args") if hasattr(item, "get") else None
+        save_dir = init.get("save_dir") if init is not None else None
+        if save_dir:
+            dirs.append(str(save_dir))
+    return dirs
+
+
+def _checkpoint_dir(cfg) -> Path | None:
+    """Where ``ModelCheckpoint`` writes: ``checkpoint.dirpath`` or, as
+    :func:`checkpoints_by_run_name` sets it, ``<save_dir>/<name>/checkpoints``."""
+    if cfg.get("checkpoint") is not None and cfg.checkpoint.get("dirpath"):
+        return Path(cfg.checkpoint.dirpath)
+    logger = cfg.trainer.get("logger")
+    init = logger.get("init_args") if hasattr(logger, "get") else None
+    if init is None or not init.get("save_dir"):
+        return None
+    return Path(init.save_dir) / str(init.get("name") or "lightning_logs") / "checkpoints"
 
 
 class ArbenchCLI(LightningCLI):
-    """LightningCLI with linked vocab/seed, one-line config errors and resumable checkpoints."""
+    """LightningCLI with linked vocab/seed, one-line errors and resumable checkpoints."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -54,35 +106,101 @@ class ArbenchCLI(LightningCLI):
         parser.link_arguments("seed_everything", "model.seed")
         parser.link_arguments("seed_everything", "data.seed")
 
+    def parse_arguments(self, parser, args) -> None:
+        """Check the config files first (empty, not YAML) and, after parsing, the outputs
+        and the checkpoint, all before anything is instantiated or written."""
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            check_config_files([str(a) for a in argv])
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            self._check_run(subcommand, self.config[subcommand])
+
+    def _check_run(self, subcommand: str, cfg) -> None:
+        for save_dir in _logger_dirs(cfg.trainer.get("logger")):
+            check_writable(save_dir, "--trainer.logger.init_args.save_dir")
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path == "last":
+            ckpt_dir = _checkpoint_dir(cfg)
+            if ckpt_dir is None:
+                return
+            found = last_checkpoint(ckpt_dir)
+            if found is None:
+                print(f"note: --ckpt_path last: nothing to resume in {ckpt_dir}; starting fresh",
+                      file=sys.stderr)
+                cfg.ckpt_path = None
+                return
+            ckpt_path = str(found)
+        elif ckpt_path in (None, "best", "hpc") or str(ckpt_path).startswith("registry"):
+            return
+        check_checkpoint(str(ckpt_path), subcommand, cfg.model.as_dict())
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
+        except MisconfigurationException as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        except (RuntimeError, MemoryError) as err:
+            if not _is_allocation_failure(err):
+                raise
+            raise CliError(self._memory_message()) from None
+
+    def _memory_message(self) -> str:
+        """The model's parameter memory (built again on the meta device) against the RAM."""
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        try:
+            with torch.device("meta"):
+                model = self._get(self.parser.instantiate_classes(self.config), "model")
+            size = sum(t.numel() * t.element_size()
+                       for t in [*model.parameters(), *model.buffers()])
+            need = f"its parameters alone take {size / GiB:.1f} GiB"
+        except Exception:
+            need = "building it failed to allocate memory"
+        return (f"the model does not fit in memory: {need}, this machine has {ram / GiB:.1f} GiB "
+                "(check sizes such as model.d_model and model.feature_map.init_args.m)")
 
     def before_fit(self) -> None:
         checkpoints_by_run_name(self.trainer)
         slow = bf16_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if slow and self.trainer.is_global_zero:
             print(f"warning: {slow}", file=sys.stderr)
+        if self.config[self.subcommand].get("ckpt_path") is not None:
+            # a resume writes into the folder it resumes from, by design
+            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not")
+
+    def before_validate(self) -> None:
+        checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed
+
+    def before_test(self) -> None:
+        checkpoints_by_run_name(self.trainer)
+
+
+def _is_allocation_failure(err: BaseException) -> bool:
+    text = str(err)
+    return (isinstance(err, (MemoryError, torch.OutOfMemoryError))
+            or "can't allocate memory" in text or "out of memory" in text.lower())
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> ArbenchCLI:
     """The CLI over ``LitRecall`` and ``MQARDataModule``; ``run=False`` only instantiates."""
     return ArbenchCLI(LitRecall, MQARDataModule, seed_everything_default=0,
                       trainer_defaults=TRAINER_DEFAULTS, args=args, run=run,
-                      save_config_kwargs={"overwrite": True})
+                      parser_class=ArbenchParser, save_config_kwargs={"overwrite": True})
 
 
 def run(args: list[str] | None = None) -> ArbenchCLI | None:
-    """Run the CLI; a config or divergence error prints one line and exits non-zero."""
+    """Run the CLI; bad input or a divergence prints one line and exits non-zero."""
     keep_heap()
+    quiet_known_noise()
     try:
         return build_cli(args)
     except ConfigError as err:
         print(f"error: invalid configuration: {err}", file=sys.stderr)
         sys.exit(2)
-    except WarmStartError as err:
+    except (CliError, WarmStartError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except DivergenceError as err:

@@ -1,5 +1,10 @@
 """``RunSummary``: writes ``<log_dir>/summary.json`` after every validation and at fit end.
 
+During ``fit`` the file is written after the checkpoint callbacks have saved (Lightning runs
+them last in ``on_validation_end``): at the next training batch, at fit end, or when the run
+stops on an exception or Ctrl-C. So ``best_checkpoint`` and ``last_checkpoint`` name files that
+exist, not the ones of the validation before.
+
 The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
 objective), per-slice accuracies at the best validation, step, wall time, state size, parameter
 count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 
 from arbench.curves import collapse_step, is_converged
 from arbench.machine import device_name
@@ -42,9 +48,12 @@ class RunSummary(Callback):
         self.earlier_s = 0.0  # wall time of the runs this one resumes, in seconds
         self.val_curve: list[tuple[int, float]] = []  # (step, val/acc)
         self.loss_curve: list[tuple[int, float]] = []  # (step, training loss), every step
+        self.pending = False  # a validation whose summary waits for the checkpoint callbacks
+        self.log_dir: str | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.time()
+        self.log_dir = self._log_dir(trainer)  # every rank calls it here, once
 
     def wall_time_s(self) -> float:
         return self.earlier_s + time.time() - self.start
@@ -84,14 +93,30 @@ class RunSummary(Callback):
         self.last = metrics
         if not self.best or metrics["val/acc"] > self.best["val/acc"]:
             self.best = metrics
-        self.write(trainer, pl_module, finished=False)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.pending = True  # the checkpoint callbacks have not saved yet
+        else:
+            self.write(trainer, pl_module, finished=False, log_dir=self._log_dir(trainer))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch, batch_idx: int) -> None:
+        if self.pending:
+            self.write(trainer, pl_module, finished=False)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if self.pending:
+            self.write(trainer, pl_module, finished=False)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write(trainer, pl_module, finished=True)
 
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, finished: bool) -> None:
-        log_dir = self._log_dir(trainer)
-        if log_dir is None:
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, finished: bool,
+              log_dir: str | None = None) -> None:
+        """Write the file on rank 0 (``log_dir`` defaults to the one cached at fit start)."""
+        self.pending = False
+        log_dir = log_dir or self.log_dir
+        if log_dir is None or not trainer.is_global_zero:
             return
         ckpt = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
         hp = pl_module.hparams_for_logging() if hasattr(pl_module, "hparams_for_logging") else {}

@@ -1,8 +1,10 @@
-"""``python -m sweeps run SPEC [--profile P] [--storage URL] [--workers N] [--trials N]``,
-``python -m sweeps report SPEC``, ``python -m sweeps status``.
+"""``python -m sweeps run SPEC [--profile P] [--storage URL] [--workers N] [--trials N]
+[--retry-failed]``, ``python -m sweeps report SPEC``, ``python -m sweeps status``.
 
-Every error the user can cause (bad spec, unreachable storage, rejected grid value) prints one
-line ``error: ...`` and exits with status 2.
+Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
+``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
+before anything is written. A sweep that ends with failed points exits with status 1 and
+names the first failure; ``--retry-failed`` queues those points again.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from arbench.checks import CliError, check_writable
 from sweeps.spec import SpecError, load_spec
 from sweeps.storage import StorageError, open_storage
+
+DESCRIPTION = ("Optuna sweeps of main.py: run (or resume) a spec's grid, report its tables and "
+               "plots, list the studies' trial counts.")
 
 
 def _die_with_parent() -> None:
@@ -35,7 +41,7 @@ def _storage_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sweeps", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m sweeps", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) a sweep")
     run.add_argument("spec")
@@ -44,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=int, help="stop each worker after this many trials")
     run.add_argument("--runs", default="runs", help="root folder of the trials' runs")
     run.add_argument("--threads", type=int, help="torch threads per worker")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="queue the grid points whose trials failed again")
     _storage_args(run)
     rep = sub.add_parser("report", help="tables and plots of a sweep under results/<study>/")
     rep.add_argument("spec")
@@ -65,7 +73,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     keep_heap()
     if args.workers < 1:
         raise SpecError("--workers must be >= 1")
+    check_writable(args.runs, "--runs")
     spec = load_spec(args.spec, args.profile)
+    if args.retry_failed and spec.sampler != "grid":
+        raise SpecError("--retry-failed needs a grid sweep (sampler: grid)")
     storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
@@ -73,9 +84,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if worker_id is None:
         validate_points(spec)
         study = make_study(spec, storage)
-        queued = enqueue_grid(study, spec, storage) if spec.sampler == "grid" else 0
+        queued, requeued = enqueue_grid(study, spec, storage, args.retry_failed) \
+            if spec.sampler == "grid" else (0, 0)
+        again = f", {requeued} failed queued again" if args.retry_failed else ""
         print(f"study {spec.study} (profile {spec.profile}): {len(spec.points())} grid points, "
-              f"{queued} newly queued; {args.workers} worker(s), {threads} thread(s) each",
+              f"{queued} newly queued{again}; {args.workers} worker(s), {threads} thread(s) each",
               flush=True)
     children = []
     if worker_id is None and args.workers > 1:
@@ -91,14 +104,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         counts = count_states(spec.study, storage)
         print(f"study {spec.study}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
               f" (this process ran {ran})", flush=True)
+        if report_failures(spec.study, storage, grid=spec.sampler == "grid"):
+            return max([1, *codes])
     return max(codes, default=0)
 
 
+def report_failures(study_name: str, storage, grid: bool) -> bool:
+    """Print one ``error:`` line if points of the study ended failed; True if any did."""
+    import optuna
+
+    from sweeps.worker import failed_points
+
+    failed = failed_points(optuna.load_study(study_name=study_name, storage=storage))
+    if not failed:
+        return False
+    first = failed[0]
+    reason = first.user_attrs.get("fail_reason") or "no reason recorded"
+    name = first.user_attrs.get("run_name", f"trial {first.number}")
+    what, hint = ("grid point(s)", " and rerun with --retry-failed") if grid else ("trial(s)", "")
+    print(f"error: {len(failed)} {what} failed, e.g. {name}: {reason}; fix the cause{hint}",
+          file=sys.stderr, flush=True)
+    return True
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    import optuna
+
     from sweeps.report import write_report
 
     spec = load_spec(args.spec, args.profile)
-    storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
+    check_writable(args.out, "--out")
+    storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace,
+                           must_exist=True)
+    if spec.study not in optuna.get_all_study_names(storage):
+        raise StorageError(f"study {spec.study} has not run in this storage: nothing to report "
+                           f"(start it with `python -m sweeps run {args.spec}`)")
     for path in write_report(spec, storage, Path(args.out)):
         print(path)
     return 0
@@ -107,7 +147,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from sweeps.report import status_lines
 
-    storage = open_storage(args.storage, args.heartbeat, args.grace)
+    storage = open_storage(args.storage, args.heartbeat, args.grace, must_exist=True)
     for line in status_lines(storage):
         print(line)
     return 0
@@ -117,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return {"run": cmd_run, "report": cmd_report, "status": cmd_status}[args.command](args)
-    except (SpecError, StorageError) as err:
+    except (SpecError, StorageError, CliError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -37,8 +37,8 @@ def count_states(study_name: str, storage: Any) -> dict[str, int]:
 def status_lines(storage: Any) -> list[str]:
     lines = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if "::grid::" in summary.study_name:
-            continue
+        if "::grid::" in summary.study_name or summary.study_name.startswith("_arbench_lock::"):
+            continue  # queueing locks (``::grid::`` ones are left by older versions)
         counts = count_states(summary.study_name, storage)
         lines.append(f"{summary.study_name:<24} " + "  ".join(f"{k} {v}" for k, v in
                                                                counts.items()))

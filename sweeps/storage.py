@@ -28,9 +28,17 @@ class StorageError(RuntimeError):
     """The storage URL cannot be opened."""
 
 
-def default_url() -> str:
-    DEFAULT_DB.parent.mkdir(parents=True, exist_ok=True)
+def default_url(create: bool = True) -> str:
+    """``sqlite:///runs/sweeps.db``; ``create`` makes its folder."""
+    if create:
+        DEFAULT_DB.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{DEFAULT_DB}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL (None for other URLs and in-memory SQLite)."""
+    prefix = "sqlite:///"
+    return Path(url[len(prefix):]) if url.startswith(prefix) and len(url) > len(prefix) else None
 
 
 def serialize_sqlite(engine: Engine) -> None:
@@ -50,9 +58,17 @@ def serialize_sqlite(engine: Engine) -> None:
     engine.dispose()  # connections opened before the listeners would keep the old behaviour
 
 
-def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120) -> RDBStorage:
-    """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable."""
-    url = url or default_url()
+def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
+                 must_exist: bool = False) -> RDBStorage:
+    """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable.
+
+    ``must_exist`` (for reading: report, status) refuses a SQLite file that does not exist
+    instead of creating an empty database."""
+    url = url or default_url(create=not must_exist)
+    path = sqlite_path(url)
+    if must_exist and path is not None and not path.is_file():
+        raise StorageError(f"no sweep database at {path}: nothing has run there yet "
+                           "(start a sweep with `python -m sweeps run SPEC`)")
     engine_kwargs = {}
     if url.startswith("sqlite"):
         engine_kwargs = {"connect_args": {"timeout": 120}}

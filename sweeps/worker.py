@@ -1,21 +1,24 @@
 """Sweep workers: queue the grid once, then pop and train trials until none is left.
 
-Every grid point is queued as an Optuna WAITING trial. A worker claims one by switching it to
+Every grid point is queued as an Optuna WAITING trial (under a short-lived lock study, see
+:func:`queue_lock`). A worker claims one by switching it to
 RUNNING (an atomic compare-and-set in the storage, so two workers never take the same point),
 trains it in-process through ``main.py``'s CLI with heartbeats, and records the result. Stale
 trials (a dead worker's) are failed and re-queued by the storage (see ``sweeps.storage``); a
-retried point resumes from its own ``last.ckpt``.
+retried point resumes from its own ``last.ckpt``. Points whose trial raised stay failed until
+``python -m sweeps run SPEC --retry-failed`` queues them again (:func:`failed_points`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import optuna
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
+from arbench.noise import quiet_known_noise
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
@@ -68,8 +72,8 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message=".*args parameter is intended")
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    quiet_known_noise()
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -92,7 +96,7 @@ def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
 
 def validate_points(spec: SweepSpec) -> None:
     """Instantiate model and data of every distinct grid point; bad values raise SpecError."""
-    from arbench.cli import ConfigError, build_cli
+    from arbench.cli import CliError, build_cli
 
     seen = set()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,40 +108,93 @@ def validate_points(spec: SweepSpec) -> None:
             seen.add(key)
             try:
                 build_cli(trial_args(spec, point, tmp, "check"), run=False)
-            except ConfigError as err:
+            except CliError as err:
                 raise SpecError(f"grid point {key}: {err}") from None
             except SystemExit:
                 raise SpecError(f"grid point {key} is not a valid main.py configuration "
                                 "(see the message above)") from None
 
 
-def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage) -> int:
-    """Queue every grid point that has no trial yet; returns how many were queued.
+LOCK_PREFIX = "_arbench_lock::"  # internal; exists only while one process queues
+OPEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
-    The first worker to create the lock study ``<study>::grid::<hash>`` queues; others wait
-    until it is done, so concurrent starts never queue a point twice.
-    """
-    points = spec.points()
-    digest = hashlib.sha1(json.dumps(points, sort_keys=True).encode()).hexdigest()[:10]
-    lock_name = f"{spec.study}::grid::{digest}"
+
+@contextmanager
+def queue_lock(storage: RDBStorage, study_name: str, timeout: float = 120.0) -> Iterator[None]:
+    """Hold the study's queueing lock: the study ``_arbench_lock::<study>``, created (study
+    names are unique in the storage, so one process wins) and deleted again on exit. It never
+    stays beside the user's studies; one left by a killed holder is taken over after
+    ``timeout`` seconds."""
+    name = f"{LOCK_PREFIX}{study_name}"
+    deadline = time.time() + timeout
+    while True:
+        try:
+            optuna.create_study(study_name=name, storage=storage)
+            break
+        except optuna.exceptions.DuplicatedStudyError:
+            if time.time() > deadline:
+                break  # its holder died while queueing
+            time.sleep(0.2)
     try:
-        optuna.create_study(study_name=lock_name, storage=storage)
-    except optuna.exceptions.DuplicatedStudyError:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if study.user_attrs.get(f"queued::{digest}"):
-                return 0
-            time.sleep(1)
-            study = optuna.load_study(study_name=spec.study, storage=storage)
-    existing = [t.system_attrs.get("fixed_params") or t.params
-                for t in study.get_trials(deepcopy=False)]
-    queued = 0
-    for point in points:
-        if point not in existing:
-            study.enqueue_trial(point, skip_if_exists=False)
-            queued += 1
-    study.set_user_attr(f"queued::{digest}", True)
-    return queued
+        yield
+    finally:
+        try:
+            optuna.delete_study(study_name=name, storage=storage)
+        except KeyError:
+            pass
+
+
+def grid_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The grid point a trial runs (queued as ``fixed_params``)."""
+    return trial.system_attrs.get("fixed_params") or trial.params
+
+
+def failed_points(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The latest failed trial of every point that has failed and has no trial complete,
+    pruned, running or waiting: the points a ``--retry-failed`` run queues again."""
+    by_point: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        by_point.setdefault(json.dumps(grid_point(trial), sort_keys=True), []).append(trial)
+    return [max((t for t in trials if t.state == TrialState.FAIL), key=lambda t: t.number)
+            for trials in by_point.values()
+            if not any(t.state in OPEN for t in trials)
+            and any(t.state == TrialState.FAIL for t in trials)]
+
+
+def requeue(study: optuna.Study, failed: optuna.trial.FrozenTrial) -> None:
+    """Queue a fresh WAITING trial of the failed trial's point, as the storage does for a
+    stale trial (same params and ``fixed_params``, ``failed_trial`` naming the old one)."""
+    user_attrs = {k: v for k, v in failed.user_attrs.items() if k != "fail_reason"}
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=failed.params, distributions=failed.distributions,
+        user_attrs=user_attrs, system_attrs={**failed.system_attrs,
+                                             "failed_trial": failed.number}))
+
+
+def drop_legacy_locks(storage: RDBStorage, study_name: str) -> None:
+    """Delete the ``<study>::grid::<hash>`` lock studies older versions left for good."""
+    for name in optuna.get_all_study_names(storage):
+        if name.startswith(f"{study_name}::grid::"):
+            optuna.delete_study(study_name=name, storage=storage)
+
+
+def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
+                 retry_failed: bool = False) -> tuple[int, int]:
+    """Queue every grid point that has no trial yet and, with ``retry_failed``, every failed
+    point again; returns ``(queued, requeued)``. Under :func:`queue_lock`, so concurrent
+    starts never queue a point twice."""
+    with queue_lock(storage, spec.study):
+        drop_legacy_locks(storage, spec.study)
+        existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
+        queued = 0
+        for point in spec.points():
+            if point not in existing:
+                study.enqueue_trial(point, skip_if_exists=False)
+                queued += 1
+        failed = failed_points(study) if retry_failed else []
+        for trial in failed:
+            requeue(study, trial)
+    return queued, len(failed)
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:

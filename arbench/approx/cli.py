@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
 from arbench.approx.synthetic import synthetic_qk
+from arbench.checks import check_writable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +127,9 @@ def run(argv: Sequence[str] | None = None) -> int:
                          mlp_hidden=args.mlp_hidden, explicit_max_dim=args.explicit_max_dim,
                          methods=tuple(args.methods))
     check_settings(config)  # fail before any extraction work
+    check_writable(args.out, "--out")
+    if args.save_qk:
+        check_writable(Path(args.save_qk).parent, "--save-qk")
     qk = load_source(args)
     if args.save_qk:
         print(f"saved queries/keys to {save_qk(qk, args.save_qk)}")

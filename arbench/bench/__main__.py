@@ -10,7 +10,9 @@ from dataclasses import replace
 import torch
 
 from arbench.bench.config import BenchConfig, smoke_config
+from arbench.bench.layers import method_list
 from arbench.bench.run import run_benchmark
+from arbench.checks import check_writable
 
 # options whose BenchConfig field has another name; every other option has its field's name
 _RENAMES = {"p": "ps", "out": "out_dir"}
@@ -99,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         changes["bf16"] = tuple(args.bf16) or ("all",)
     cfg = replace(cfg, **changes)
     if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {cfg.device}: CUDA is not available here")
+        raise ValueError(f"--device {cfg.device}: CUDA is not available here")
     return cfg
 
 
@@ -109,10 +111,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     try:
         check_args(args)
+        cfg = config_from_args(args)
+        method_list(cfg)  # unknown --methods / --compile names
+        check_writable(cfg.out_dir, "--out")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    cfg = config_from_args(args)
     result = run_benchmark(cfg, command=shlex.join(["python", "-m", "arbench.bench", *argv]))
     print(f"\nfp32 matmul: {result['matmul']['median']:.1f} GFLOP/s")
     if result["matmul_bf16"]:

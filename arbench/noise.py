@@ -1,0 +1,42 @@
+"""Silence the library messages a normal run prints that are not about the user's run.
+
+Each filter matches one known message, so every other warning still shows:
+
+- torch's ``isinstance(treespec, LeafSpec)`` deprecation, raised inside Lightning;
+- Lightning's "💡 Tip: ... litlogger" advert;
+- Lightning's "dataloader is not resumable" on a resume: the README says what a resume does to
+  the data order instead (the interrupted epoch's order starts again from its beginning).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader",
+)
+_LOG_MESSAGES = ("litlogger",)
+_RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+
+
+class _DropMessages(logging.Filter):
+    """Drops log records whose message contains one of ``needles``."""
+
+    def __init__(self, needles: tuple[str, ...]):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(needle in message for needle in self.needles)
+
+
+def quiet_known_noise() -> None:
+    """Install the filters above (idempotent)."""
+    for pattern in _WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    logger = logging.getLogger(_RANK_ZERO_LOGGER)
+    if not any(isinstance(f, _DropMessages) for f in logger.filters):
+        logger.addFilter(_DropMessages(_LOG_MESSAGES))

@@ -1,0 +1,92 @@
+"""Sweep cases of issue #16: failed trials exit non-zero and can be retried, ``--runs`` is
+checked before any trial, ``report`` of a study that never ran writes nothing, the queueing
+lock never shows beside the user's studies, ``--help`` reads well."""
+
+import optuna
+from optuna.trial import TrialState
+from test_sweeps import GRID4, sweep, write_spec
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_failed_trials_exit_nonzero_and_retry_failed_requeues_them(tmp_path):
+    spec = write_spec(tmp_path, "retry", {"seed_everything": [0]})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "retry").write_text("")  # a file where the study's run folders go: the trial fails
+    first = sweep("run", str(spec), "--storage", url, "--runs", str(runs), cwd=tmp_path)
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert "fail 1" in first.stdout
+    line = one_error_line(first.stderr)
+    assert line.startswith("error: 1 grid point(s) failed, e.g. lr0.003_seed0: ")
+    assert line.endswith("rerun with --retry-failed")
+
+    (runs / "retry").unlink()  # the cause is fixed; a plain rerun queues nothing, still fails
+    again = sweep("run", str(spec), "--storage", url, "--runs", str(runs), cwd=tmp_path)
+    assert again.returncode == 1 and "0 newly queued" in again.stdout
+    retried = sweep("run", str(spec), "--storage", url, "--runs", str(runs), "--retry-failed",
+                    cwd=tmp_path)
+    assert retried.returncode == 0, retried.stderr[-2000:]
+    assert "0 newly queued, 1 failed queued again" in retried.stdout
+    trials = optuna.load_study(study_name="retry", storage=url).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].system_attrs["fixed_params"] == trials[0].system_attrs["fixed_params"]
+    assert trials[1].system_attrs["failed_trial"] == 0
+    assert "fail_reason" not in trials[1].user_attrs
+    assert optuna.get_all_study_names(url) == ["retry"]  # no lock study left in sight
+
+
+def test_unwritable_runs_fails_before_any_trial(tmp_path):
+    spec = write_spec(tmp_path, "ro", GRID4)
+    (tmp_path / "file").write_text("")
+    out = sweep("run", str(spec), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--runs",
+                str(tmp_path / "file" / "runs"), cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "--runs" in one_error_line(out.stderr) and "is not a folder" in out.stderr
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_report_of_a_study_that_never_ran_writes_nothing(tmp_path):
+    spec = write_spec(tmp_path, "never", GRID4)
+    out = sweep("report", str(spec), cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert one_error_line(out.stderr).startswith("error: no sweep database at runs/sweeps.db")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    optuna.create_study(study_name="other", storage=url)
+    out = sweep("report", str(spec), "--storage", url, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert one_error_line(out.stderr).startswith("error: study never has not run")
+    assert not (tmp_path / "results").exists()
+
+
+def test_queueing_lock_leaves_no_study_and_failed_points_are_found(tmp_path):
+    from sweeps.spec import load_spec
+    from sweeps.storage import open_storage
+    from sweeps.worker import enqueue_grid, failed_points, make_study
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = open_storage(url)
+    spec = load_spec(write_spec(tmp_path, "lock", GRID4))
+    study = make_study(spec, storage)
+    optuna.create_study(study_name="lock::grid::0123456789", storage=storage)  # older versions'
+    assert enqueue_grid(study, spec, storage) == (4, 0)
+    assert enqueue_grid(study, spec, storage) == (0, 0)
+    assert optuna.get_all_study_names(storage) == ["lock"]
+    trial = study.ask()
+    study.tell(trial, state=TrialState.FAIL)
+    assert [t.number for t in failed_points(study)] == [0]
+    assert enqueue_grid(study, spec, storage, retry_failed=True) == (0, 1)
+    assert failed_points(study) == []  # its point is waiting again
+
+
+def test_help_reads_well(tmp_path):
+    out = sweep("--help", cwd=tmp_path, timeout=60, check=True)
+    assert "``" not in out.stdout and "Optuna sweeps of main.py" in out.stdout
+    assert "--retry-failed" in sweep("run", "--help", cwd=tmp_path, timeout=60).stdout
