@@ -57,7 +57,8 @@ class LitRecall(L.LightningModule):
                  use_mlp: bool = False, tie_embeddings: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.1, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
                  compile: bool = False, seed: int | None = None, init_from: str | None = None,
-                 init_spare_std: float = 0.0, feature_map_weight_decay: float | None = None):
+                 init_spare_std: float = 0.0, feature_map_weight_decay: float | None = None,
+                 qk_norm: bool = False):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -72,7 +73,8 @@ class LitRecall(L.LightningModule):
             vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, mixers=mixers,
             num_heads=num_heads, feature_map=feature_map, normalize=normalize,
             output_norm=output_norm, chunk_size=chunk_size, attention_mode=attention_mode,
-            conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings)
+            conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings,
+            qk_norm=qk_norm)
         if compile:
             self.model.compile_body()
         self.val_acc = MeanMetric()

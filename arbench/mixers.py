@@ -43,10 +43,12 @@ class _FeatureMapAttention(nn.Module):
     """The plumbing every feature-map mixer shares: a fused q/k/v projection, φ_Q and φ_K
     (``feature_map(head_dim)`` called twice), a per-head RMSNorm on the attention output when
     ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
-    update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``."""
+    update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``.
+    ``qk_norm``: q and k go through a LayerNorm without affine parameters (zero mean, unit
+    variance per head vector) before φ, as PolySketchFormer and fla's learnable PolySketch do."""
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
-                 use_norm: bool, chunk_size: int, mode: str):
+                 use_norm: bool, chunk_size: int, mode: str, qk_norm: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(d_model, num_heads)
@@ -60,6 +62,11 @@ class _FeatureMapAttention(nn.Module):
         if not isinstance(self.phi_q, nn.Module) or not hasattr(self.phi_q, "feature_dim"):
             raise ValueError("feature_map must build an nn.Module with a feature_dim attribute")
         self.norm = nn.RMSNorm(self.head_dim) if use_norm else nn.Identity()
+        self.qk_norm = bool(qk_norm)
+
+    def normalize_qk(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` ``(b, h, n, head_dim)`` through the affine-free LayerNorm when ``qk_norm``."""
+        return F.layer_norm(t, (self.head_dim,)) if self.qk_norm else t
 
     @property
     def feature_dim(self) -> int:
@@ -73,7 +80,7 @@ class _FeatureMapAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        y = self.mix(x, self.phi_q(q), self.phi_k(k), v)
+        y = self.mix(x, self.phi_q(self.normalize_qk(q)), self.phi_k(self.normalize_qk(k)), v)
         if isinstance(self.norm, nn.RMSNorm):  # in its weight's dtype: fp32 under autocast
             y = self.norm(y.to(self.norm.weight.dtype))
         return self.out(merge_heads(y))
@@ -82,7 +89,7 @@ class _FeatureMapAttention(nn.Module):
         return self.feature_dim * self.head_dim * self.num_heads
 
     def hparams(self) -> dict[str, float | int | str | bool]:
-        return {**self.phi_q.hparams(), "normalize": self.normalize}
+        return {**self.phi_q.hparams(), "normalize": self.normalize, "qk_norm": self.qk_norm}
 
 
 class DecayGate(nn.Module):
@@ -123,12 +130,13 @@ class LinearAttention(_FeatureMapAttention):
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  normalize: bool | str = False, output_norm: bool | None = None,
-                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
+                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6,
+                 qk_norm: bool = False):
         if mode not in MODES:
             raise ValueError(f"attention mode must be one of {MODES}, got {mode!r}")
         how = normalize_option(normalize)
         use_norm = how == "none" if output_norm is None else output_norm
-        super().__init__(d_model, num_heads, feature_map, use_norm, chunk_size, mode)
+        super().__init__(d_model, num_heads, feature_map, use_norm, chunk_size, mode, qk_norm)
         self.normalize, self.eps = how, eps
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -149,9 +157,10 @@ class GatedLinearAttention(LinearAttention):
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  normalize: bool | str = False, output_norm: bool | None = None,
-                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6):
+                 chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6,
+                 qk_norm: bool = False):
         super().__init__(d_model, num_heads, feature_map, normalize, output_norm, chunk_size,
-                         mode, eps)
+                         mode, eps, qk_norm)
         self.decay = DecayGate(d_model, num_heads)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,14 +180,15 @@ class DeltaAttention(_FeatureMapAttention):
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  gated: bool = False, normalize: bool | str = False,
-                 output_norm: bool | None = None, chunk_size: int = 64, mode: str = "chunked"):
+                 output_norm: bool | None = None, chunk_size: int = 64, mode: str = "chunked",
+                 qk_norm: bool = False):
         if mode not in DELTA_MODES:
             raise ValueError(f"delta rule mode must be one of {DELTA_MODES}, got {mode!r}")
         if normalize_option(normalize) != "none":
             raise ValueError(f"the delta rule has no denominator: normalize must be false, "
                              f"got {normalize!r}")
         super().__init__(d_model, num_heads, feature_map, output_norm is not False, chunk_size,
-                         mode)
+                         mode, qk_norm)
         self.normalize = "none"
         self.beta = nn.Linear(d_model, num_heads)
         self.decay = DecayGate(d_model, num_heads) if gated else None

@@ -59,7 +59,7 @@ class RecallModel(nn.Module):
                  feature_map: FeatureMapFactory | None = None, normalize: bool | str = False,
                  output_norm: bool | None = None, chunk_size: int = 64,
                  attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
-                 tie_embeddings: bool = True):
+                 tie_embeddings: bool = True, qk_norm: bool = False):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
@@ -81,7 +81,7 @@ class RecallModel(nn.Module):
             if name == "softmax":
                 return SoftmaxAttention(d_model, num_heads)
             common = dict(normalize=normalize, output_norm=output_norm, chunk_size=chunk_size,
-                          mode=attention_mode)
+                          mode=attention_mode, qk_norm=qk_norm)
             if name in ("delta", "gated_delta"):
                 return DeltaAttention(d_model, num_heads, feature_map,
                                       gated=name == "gated_delta", **common)

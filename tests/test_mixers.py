@@ -102,3 +102,23 @@ def test_state_mixers_are_causal(cls):
     torch.testing.assert_close(layer(x)[:, :6], layer(y)[:, :6])
     assert not torch.allclose(layer(x)[:, 6:], layer(y)[:, 6:])
     assert math.isfinite(layer(x).sum().item())
+
+
+def test_qk_norm_gives_unit_variance_vectors_to_the_feature_maps():
+    seen = []
+
+    class Spy(EluPlusOne):
+        def forward(self, x):
+            seen.append(x.detach())
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    layer = LinearAttention(32, 2, Spy, qk_norm=True)
+    x = torch.randn(3, 10, 32) * 5 + 2
+    layer(x)
+    for t in seen:  # q and k, (b, h, n, head_dim): each head vector standardised
+        torch.testing.assert_close(t.mean(-1), torch.zeros(t.shape[:-1]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(t.var(-1, unbiased=False), torch.ones(t.shape[:-1]),
+                                   atol=1e-3, rtol=0)
+    assert len(seen) == 2 and layer.hparams()["qk_norm"] is True
+    assert not any("norm" in n and "qk" in n for n, _ in layer.named_parameters())  # no affine
