@@ -348,6 +348,7 @@ class LLoPS(FeatureMap):
         self.feature_dim = m
         std = sketch_std(head_dim, m, p, rank, temperature)
         self.theta = nn.Parameter(torch.randn(rank, p, head_dim, m) * std)
+        self.temperature = temperature
         self.affine = bool(affine)
         self.bias = nn.Parameter(torch.zeros(rank, p, m)) if self.affine else None
 
@@ -357,7 +358,8 @@ class LLoPS(FeatureMap):
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "LLoPS", "m": self.m, "p": self.p, "rank": self.rank,
-                "square": self.square, "affine": self.affine}
+                "square": self.square, "affine": self.affine,
+                "init": "variance" if self.temperature is None else f"tau={self.temperature:g}"}
 
     @classmethod
     def from_based(cls, based: Based, p: int = 2, m: int | None = None,

@@ -108,6 +108,9 @@ class LitRecall(L.LightningModule):
                   state_size=self.state_size())
         hp["seed"] = -1 if self.hparams.seed is None else int(self.hparams.seed)
         hp["init_from"] = self.hparams.init_from or ""
+        fm_decay = self.hparams.feature_map_weight_decay
+        hp["feature_map_weight_decay"] = self.hparams.weight_decay if fm_decay is None \
+            else fm_decay
         return hp
 
     def state_size(self) -> int:

@@ -99,7 +99,20 @@ def label(hp: dict[str, Any]) -> str:
         text = f"{fm} p={hp.get('p')} m={hp.get('m')}"
         text += f" t={hp['rank']}" if fm == "LLoPS" else ""
     norm = hp.get("normalize")
-    return text + (f" denominator={norm}" if norm not in (None, "none") else "")
+    text += f" denominator={norm}" if norm not in (None, "none") else ""
+    return text + variant(hp)
+
+
+def variant(hp: dict[str, Any]) -> str:
+    """The diagnosis switches a row's run used, e.g. ``" qk-norm affine"`` (empty: none)."""
+    parts = [name for name, on in (("qk-norm", hp.get("qk_norm")), ("φ²", hp.get("square")),
+                                   ("affine", hp.get("affine"))) if on]
+    if hp.get("init") not in (None, "variance"):
+        parts.append(f"init {hp['init']}")
+    wd, fm_wd = hp.get("weight_decay"), hp.get("feature_map_weight_decay")
+    if fm_wd is not None and wd is not None and fm_wd != wd:
+        parts.append(f"feature-map wd={fm_wd:g}")
+    return "".join(f" {p}" for p in parts)
 
 
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -246,8 +259,9 @@ def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
 
 
 def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
-    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value, over
-    the rows matching ``plot['where']`` (``{hparam: value or [values]}``, optional)."""
+    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value (an
+    hparam, or ``variant``: the diagnosis switches), over the rows matching ``plot['where']``
+    (``{hparam: value or [values]}``, optional)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,8 +275,12 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
         hp = r["hparams"]
         if hp.get(x_key) is None or not all(_matches(hp, k, v) for k, v in where.items()):
             continue
-        name = f"{series_key}={hp.get(series_key)}" if series_key != "feature_map" else \
-            str(hp.get("feature_map"))
+        if series_key == "feature_map":
+            name = str(hp.get("feature_map"))
+        elif series_key == "variant":  # the diagnosis switches (report.variant)
+            name = variant(hp).strip() or "baseline"
+        else:
+            name = f"{series_key}={hp.get(series_key)}"
         groups[name].append((float(hp[x_key]), 100 * r["mean"], 100 * r["std"]))
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, pts in sorted(groups.items()):

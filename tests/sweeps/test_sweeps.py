@@ -50,7 +50,7 @@ def test_points_cartesian_and_zipped():
 
 
 @pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
-                                  "normalize", "calibration", "paper_gpu"])
+                                  "normalize", "calibration", "paper_gpu", "diagnosis"])
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
@@ -296,3 +296,16 @@ def test_claims_are_checked_seed_by_seed():
     text = report.claims_text(got)
     assert text[0] == "- p=4 > p=2: holds in 2 of 3 seeds, mean gap +3.3 ± 7.6 points"
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
+
+
+def test_labels_name_the_diagnosis_switches():
+    from sweeps.report import label
+
+    base = {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1, "weight_decay": 0.1,
+            "feature_map_weight_decay": 0.1, "init": "variance"}
+    assert label(base) == "LLoPS p=4 m=256 t=1"
+    assert label({**base, "qk_norm": True, "affine": True}) == "LLoPS p=4 m=256 t=1 qk-norm affine"
+    assert label({**base, "square": True, "normalize": "abs"}) == \
+        "LLoPS p=4 m=256 t=1 denominator=abs φ²"
+    assert label({**base, "init": "tau=1", "feature_map_weight_decay": 0.0}) == \
+        "LLoPS p=4 m=256 t=1 init tau=1 feature-map wd=0"
