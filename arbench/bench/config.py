@@ -48,6 +48,9 @@ class BenchConfig:
     ``normalize``: the linear layers' denominator; ``"none"`` is the recall model's default.
     ``compile``: linear methods that also run through ``torch.compile`` (as ``<name>_compiled``,
     plus an ``answer_compiled`` training head); ``("all",)`` = every linear method.
+    ``rules``: state updates timed beside the additive one, on the ``rule_base`` method's
+    feature maps (as ``<rule>_<base>``): ``gated`` (decaying state), ``delta`` and
+    ``gated_delta`` (the delta rule, f and g L2-normalised as the mixers do).
     ``bf16``: methods that also run under bf16 autocast (as ``<name>_bf16``, plus an
     ``answer_bf16`` training head and the bf16 matmul reference); ``("all",)`` = every method.
     """
@@ -75,6 +78,8 @@ class BenchConfig:
     methods: tuple[str, ...] = ()
     compile: tuple[str, ...] = ()
     bf16: tuple[str, ...] = ()
+    rules: tuple[str, ...] = ("gated", "delta", "gated_delta")
+    rule_base: str = "llops_p2_t1"
     memory: bool = True
     train: bool = True
     train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN)

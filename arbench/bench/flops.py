@@ -20,6 +20,16 @@ included):
 - state read: ``2·(N−c)·m·dv`` (F_i S_i) ``+ (N−c)·dv`` (added to the intra part);
 - denominator: ``n·(dv−1)`` divisions when normalised.
 
+Gated chunked attention (``log_decay``, ``arbench.attention._chunked_gated``): intra-chunk as
+above plus ``N·c`` (the decay mask); per-chunk updates and state reads for every chunk,
+``2·N·m·dv`` each, ``+ 2·(nc−1)·m·dv`` (the decaying state recursion) ``+ N·dv`` (the read
+added) ``+ 2·N·m`` (decays applied to the key and query features).
+
+Chunked delta rule (``arbench.delta``, the UT transform), per chunk of c rows:
+``2·c²·m`` three times (β-scaled K Kᵀ, W = T·βK, Q Kᵀ) ``+ 2·c²·dv`` twice (U = T·βV and the
+masked scores · u) ``+ c³`` (the triangular solve against I) ``+ 2·c·m·dv`` three times
+(u = U − W S, Q S, S += Kᵀ u); gating adds ``N·c + 2·N·m`` as above.
+
 Softmax attention (``scaled_dot_product_attention``, causal): ``P = n(n+1)/2`` query–key pairs,
 ``4·d·P`` (QKᵀ and PV) ``+ 3·P`` (scale, exp, normalise). Only the causal pairs are counted:
 the fused kernels skip the masked blocks.
@@ -73,6 +83,29 @@ def chunked_attention_flops(n: int, m: int, dv: int, c: int, normalized: bool) -
     return intra + update + read + denominator
 
 
+def gated_attention_flops(n: int, m: int, dv: int, c: int, normalized: bool) -> float:
+    """Gated chunked linear attention for one (batch, head); ``dv`` includes the ones column."""
+    c = min(c, n)
+    nc = -(-n // c)
+    big_n = nc * c
+    intra = 2.0 * big_n * c * m + 2.0 * big_n * c * dv + big_n * c
+    if nc == 1:
+        inter = 0.0
+    else:
+        inter = 4.0 * big_n * m * dv + 2.0 * (nc - 1) * m * dv + big_n * dv + 2.0 * big_n * m
+    denominator = n * (dv - 1) if normalized else 0.0
+    return intra + inter + denominator
+
+
+def delta_attention_flops(n: int, m: int, dv: int, c: int, gated: bool) -> float:
+    """Chunked delta rule (gated: Gated DeltaNet) for one (batch, head)."""
+    c = min(c, n)
+    nc = -(-n // c)
+    per_chunk = 3 * 2.0 * c * c * m + 2 * 2.0 * c * c * dv + c ** 3 + 3 * 2.0 * c * m * dv
+    decay = nc * c * c + 2.0 * nc * c * m if gated else 0.0
+    return nc * per_chunk + decay
+
+
 def softmax_attention_flops(n: int, d: int) -> float:
     """Causal softmax attention for one (batch, head): only the n(n+1)/2 causal pairs."""
     pairs = n * (n + 1) / 2.0
@@ -80,11 +113,18 @@ def softmax_attention_flops(n: int, d: int) -> float:
 
 
 def linear_layer_flops(phi_q: nn.Module, phi_k: nn.Module, n: int, dv: int, c: int,
-                       normalized: bool, batch_heads: int) -> float:
-    """Forward FLOPs of φ_Q, φ_K and chunked attention over ``batch_heads`` (batch·heads)."""
+                       normalized: bool, batch_heads: int, rule: str = "linear") -> float:
+    """Forward FLOPs of φ_Q, φ_K and the chunked state update ``rule`` (``linear``, ``gated``,
+    ``delta``, ``gated_delta``) over ``batch_heads`` (batch·heads)."""
     maps = n * (feature_map_flops(phi_q) + feature_map_flops(phi_k))
     width = dv + 1 if normalized else dv
-    attn = chunked_attention_flops(n, phi_q.feature_dim, width, c, normalized)
+    m = phi_q.feature_dim
+    if rule == "linear":
+        attn = chunked_attention_flops(n, m, width, c, normalized)
+    elif rule == "gated":
+        attn = gated_attention_flops(n, m, width, c, normalized)
+    else:
+        attn = delta_attention_flops(n, m, dv, c, gated=rule == "gated_delta")
     return batch_heads * (maps + attn)
 
 

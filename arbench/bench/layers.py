@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from arbench.attention import linear_attention, softmax_attention
+from arbench.attention import delta_attention, linear_attention, softmax_attention
 from arbench.bench.config import BenchConfig
 from arbench.bench.flops import (
     FWD_BWD_FACTOR,
@@ -36,11 +37,12 @@ class Method:
     m: int = 0
     compiled: bool = False
     bf16: bool = False
+    rule: str = "linear"
 
     @property
     def variant(self) -> bool:
-        """True for a ``_compiled`` or ``_bf16`` twin of a method."""
-        return self.compiled or self.bf16
+        """True for a ``_compiled`` or ``_bf16`` twin, or another state update, of a method."""
+        return self.compiled or self.bf16 or self.rule != "linear"
 
     @property
     def linear(self) -> bool:
@@ -54,6 +56,15 @@ def method_list(cfg: BenchConfig) -> list[Method]:
             Method(f"flatten_p{cfg.baseline_p}", "flatten", cfg.baseline_p, 1, cfg.m),
             Method(f"polysketch_p{cfg.baseline_p}", "polysketch", cfg.baseline_p, 1, cfg.m),
             Method("softmax", "softmax")]
+    if cfg.rules:
+        base = {m.name: m for m in out}.get(cfg.rule_base)
+        if base is None or not base.linear:
+            raise ValueError(f"rule_base {cfg.rule_base!r} is not a linear method here; choose "
+                             f"from {[m.name for m in out if m.linear]}")
+        unknown = set(cfg.rules) - set(RULES)
+        if unknown:
+            raise ValueError(f"unknown state updates {sorted(unknown)}; choose from {RULES}")
+        out += [replace(base, name=f"{rule}_{base.name}", rule=rule) for rule in cfg.rules]
     if cfg.methods:
         unknown = set(cfg.methods) - {m.name for m in out}
         if unknown:
@@ -91,21 +102,35 @@ def build_feature_map(method: Method, cfg: BenchConfig) -> nn.Module:
     raise ValueError(f"{method.name} has no feature map")
 
 
+RULES = ("linear", "gated", "delta", "gated_delta")
+DECAY, BETA = -0.01, 0.5  # the fixed per-token log-decay and β of the timed gated/delta forms
+
+
 class LinearLayer(nn.Module):
-    """φ_Q, φ_K and causal linear attention; ``mode`` and ``chunk_size`` may be changed.
-    ``bf16``: the call runs under bf16 autocast (fp32 inputs and weights, as in mixed-precision
-    training)."""
+    """φ_Q, φ_K and a causal state update; ``mode`` and ``chunk_size`` may be changed.
+    ``rule``: ``linear`` (additive), ``gated`` (log-decay ``DECAY`` per token), ``delta`` /
+    ``gated_delta`` (β = ``BETA``; f and g L2-normalised as the mixers do). ``bf16``: the call
+    runs under bf16 autocast (fp32 inputs and weights, as in mixed-precision training)."""
 
     def __init__(self, phi_q: nn.Module, phi_k: nn.Module, normalize: str, chunk_size: int,
-                 mode: str = "chunked", bf16: bool = False):
+                 mode: str = "chunked", bf16: bool = False, rule: str = "linear"):
         super().__init__()
         self.phi_q, self.phi_k = phi_q, phi_k
         self.normalize, self.chunk_size, self.mode, self.bf16 = normalize, chunk_size, mode, bf16
+        self.rule = rule
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         with torch.autocast(q.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return linear_attention(self.phi_q(q), self.phi_k(k), v, mode=self.mode,
-                                    chunk_size=self.chunk_size, normalize=self.normalize)
+            f, g = self.phi_q(q), self.phi_k(k)
+            gated = self.rule in ("gated", "gated_delta")
+            log_decay = torch.full(q.shape[:-1], DECAY, device=q.device) if gated else None
+            if self.rule in ("linear", "gated"):
+                return linear_attention(f, g, v, mode=self.mode, chunk_size=self.chunk_size,
+                                        normalize=self.normalize, log_decay=log_decay)
+            beta = torch.full(q.shape[:-1], BETA, device=q.device)
+            return delta_attention(F.normalize(f, dim=-1), F.normalize(g, dim=-1), v, beta,
+                                   log_decay=log_decay, mode=self.mode,
+                                   chunk_size=self.chunk_size)
 
 
 class SoftmaxLayer(nn.Module):
@@ -126,8 +151,9 @@ def build_layer(method: Method, cfg: BenchConfig, chunk_size: int) -> nn.Module:
     torch.manual_seed(cfg.seed)
     if not method.linear:
         return SoftmaxLayer(bf16=method.bf16).to(cfg.device)
+    normalize = cfg.normalize if method.rule in ("linear", "gated") else "none"
     layer = LinearLayer(build_feature_map(method, cfg), build_feature_map(method, cfg),
-                        cfg.normalize, chunk_size, bf16=method.bf16).to(cfg.device)
+                        normalize, chunk_size, bf16=method.bf16, rule=method.rule).to(cfg.device)
     if method.compiled:  # one graph per shape; the module's attributes stay readable
         # every compiled layer shares LinearLayer.forward's code object: one graph per
         # (layer, n, grad mode) must fit under dynamo's per-code-object limit (default 8)
@@ -151,7 +177,7 @@ def layer_flops(method: Method, layer: nn.Module, cfg: BenchConfig, n: int, pass
     bh = cfg.batch * cfg.heads
     if method.linear:
         fwd = linear_layer_flops(layer.phi_q, layer.phi_k, n, cfg.head_dim, layer.chunk_size,
-                                 cfg.normalize != "none", bh)
+                                 layer.normalize != "none", bh, layer.rule)
     else:
         fwd = bh * softmax_attention_flops(n, cfg.head_dim)
     return fwd * (FWD_BWD_FACTOR if pass_ == "fwd_bwd" else 1.0)

@@ -6,9 +6,10 @@
   in a fresh worker process (``python -m arbench.bench.memory``) started with
   ``MALLOC_MMAP_THRESHOLD_=65536``: every block of 64 KiB or more is its own mmap, returned to
   the system when freed, so RSS follows the live tensors instead of glibc's cached heap.
-  Per case: ``malloc_trim(0)`` (``gc.collect()`` once per n), reset the kernel's high-water mark
-  (``echo 5 > /proc/self/clear_refs``), read VmRSS, run the call once, read VmHWM;
-  peak = VmHWM − VmRSS before. Every method runs once at a small n first, so one-time buffers
+  Per case: ``malloc_trim(0)`` (``gc.collect()`` once per n), read VmRSS, reset the kernel's
+  high-water mark (``echo 5 > /proc/self/clear_refs``), run the call once; peak =
+  max(VmHWM, VmRSS) after − VmRSS before, at least 0 (VmHWM is updated lazily and can lag the
+  current RSS). Every method runs once at a small n first, so one-time buffers
   (thread pools, BLAS workspaces) are not charged to the first case. A probe allocating a known
   64 MiB tensor is reported beside the results as a check of the method. Linux only; elsewhere
   the CPU peaks are NaN.
@@ -64,16 +65,18 @@ def rss_supported() -> bool:
 
 
 def rss_peak_bytes(fn: Callable[[], None]) -> float:
-    """Peak RSS growth (bytes) while ``fn`` runs, over the RSS just before it.
+    """Peak RSS growth (bytes) while ``fn`` runs, over the RSS just before it (never < 0).
 
-    Tensors are freed by reference counting; ``gc.collect`` is left to the caller (it costs
-    ~50 ms with torch loaded)."""
+    The kernel updates VmHWM lazily (when pages are unmapped), so it can read below the current
+    VmRSS: the peak is the larger of the two after the call. Tensors are freed by reference
+    counting; ``gc.collect`` is left to the caller (it costs ~50 ms with torch loaded)."""
     _malloc_trim()
+    before = _status_kib("VmRSS")
     with open(_CLEAR_REFS, "w") as fh:
         fh.write("5")
-    before = _status_kib("VmRSS")
     fn()
-    return 1024.0 * (_status_kib("VmHWM") - before)
+    peak = max(_status_kib("VmHWM"), _status_kib("VmRSS"))
+    return 1024.0 * max(peak - before, 0)
 
 
 def cuda_peak_bytes(fn: Callable[[], None], device: str) -> float:

@@ -197,7 +197,8 @@ def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: li
                 flops = layer_flops(m, layer, cfg, n, pass_)
                 dtype = "bf16" if m.bf16 else "fp32"
                 row = {"method": m.name, "family": m.family, "p": m.p, "rank": m.rank,
-                       "features": m.m, "compiled": m.compiled, "bf16": m.bf16, "n": n,
+                       "features": m.m, "rule": m.rule if m.linear else "softmax",
+                       "compiled": m.compiled, "bf16": m.bf16, "n": n,
                        "pass": pass_, "chunk": layer.chunk_size if m.linear else 0,
                        "gflop": flops / 1e9,
                        **_timing_fields(cases.get(key), flops, peaks_gflops[dtype]),
