@@ -107,6 +107,9 @@ def variant(hp: dict[str, Any]) -> str:
     """The diagnosis switches a row's run used, e.g. ``" qk-norm affine"`` (empty: none)."""
     parts = [name for name, on in (("qk-norm", hp.get("qk_norm")), ("φ²", hp.get("square")),
                                    ("affine", hp.get("affine"))) if on]
+    rules = [m for m in str(hp.get("mixers", "")).split(",") if m not in ("", "conv", "linear",
+                                                                            "softmax")]
+    parts += [f"[{rule}]" for rule in dict.fromkeys(rules)]  # gated / delta state updates
     if hp.get("init") not in (None, "variance"):
         parts.append(f"init {hp['init']}")
     wd, fm_wd = hp.get("weight_decay"), hp.get("feature_map_weight_decay")

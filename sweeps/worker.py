@@ -43,6 +43,8 @@ def trial_name(params: dict[str, Any]) -> str:
         value = params[key]
         if key == "config":
             value = Path(str(value)).stem
+        elif isinstance(value, (list, tuple)):  # e.g. mixers [conv, delta] -> conv-delta
+            value = "-".join(str(v) for v in value)
         parts.append(f"{short_name(key)}{value}")
     return "_".join(parts).replace("/", "-")
 

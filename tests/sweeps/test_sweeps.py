@@ -50,7 +50,8 @@ def test_points_cartesian_and_zipped():
 
 
 @pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
-                                  "normalize", "calibration", "paper_gpu", "diagnosis"])
+                                  "normalize", "calibration", "paper_gpu", "diagnosis",
+                                  "state_updates"])
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
@@ -309,3 +310,13 @@ def test_labels_name_the_diagnosis_switches():
         "LLoPS p=4 m=256 t=1 denominator=abs φ²"
     assert label({**base, "init": "tau=1", "feature_map_weight_decay": 0.0}) == \
         "LLoPS p=4 m=256 t=1 init tau=1 feature-map wd=0"
+    assert label({**base, "mixers": "conv,gated_delta"}) == "LLoPS p=4 m=256 t=1 [gated_delta]"
+    assert label({**base, "mixers": "conv,linear"}) == "LLoPS p=4 m=256 t=1"
+
+
+def test_trial_names_are_plain_folder_names():
+    from sweeps.worker import trial_name
+
+    name = trial_name({"config": "/x/configs/p4.yaml", "model.mixers": ["conv", "delta"],
+                       "seed_everything": 1, "model.lr": 0.001})
+    assert name == "cfgp4_lr0.001_mixersconv-delta_seed1"
