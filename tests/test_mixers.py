@@ -89,7 +89,8 @@ def test_delta_mixer_normalises_features_and_uses_beta(gated):
     torch.testing.assert_close(layer(x), layer.out(y.transpose(1, 2).flatten(-2)),
                                rtol=1e-5, atol=1e-6)
     assert layer.state_size(11) == 4 * 4 * 2
-    assert layer.hparams() == {"feature_map": "Identity", "m": 4, "normalize": "none"}
+    assert layer.hparams() == {"feature_map": "Identity", "m": 4, "normalize": "none",
+                               "qk_norm": False}
 
 
 @pytest.mark.parametrize("cls", [GatedLinearAttention, DeltaAttention])
