@@ -63,3 +63,26 @@ def test_missing_checkpoint_one_line(in_tmp, capsys):
         run(["fit", "--config", config("based.yaml"), "--config", SMOKE, "--model.init_from",
              "nope.ckpt", "--trainer.max_steps", "2", *QUIET])
     assert "error: init_from: no checkpoint at nope.ckpt" in capsys.readouterr().err
+
+
+def test_init_from_in_a_sweep(based_ckpt, tmp_path):
+    """A sweep passes init_from like any key: the trial starts from the BASED checkpoint."""
+    import subprocess
+    import sys
+
+    import optuna
+    import yaml
+
+    spec = {"study": "warm", "configs": [config("p2.yaml")], "profile": "smoke", "lr": [3e-3],
+            "grid": {"model.init_from": [based_ckpt], "seed_everything": [0]},
+            "args": ["--trainer.max_steps=3", "--trainer.val_check_interval=3",
+                     "--model.feature_map.init_args.affine=true"]}
+    path = tmp_path / "warm.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    subprocess.run([sys.executable, "-m", "sweeps", "run", str(path), "--storage", url,
+                    "--runs", str(tmp_path / "runs")], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=300)
+    (trial,) = optuna.load_study(study_name="warm", storage=url).get_trials()
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.user_attrs["hparams"]["init_from"] == based_ckpt
