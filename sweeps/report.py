@@ -110,6 +110,8 @@ def variant(hp: dict[str, Any]) -> str:
     rules = [m for m in str(hp.get("mixers", "")).split(",") if m not in ("", "conv", "linear",
                                                                             "softmax")]
     parts += [f"[{rule}]" for rule in dict.fromkeys(rules)]  # gated / delta state updates
+    if hp.get("init_from"):
+        parts.append("(warm start)")
     if hp.get("init") not in (None, "variance"):
         parts.append(f"init {hp['init']}")
     wd, fm_wd = hp.get("weight_decay"), hp.get("feature_map_weight_decay")
@@ -203,8 +205,9 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
         if r["status"] != "ok" or not r["n"]:
             lines.append(f"- {r['claim']}: not checked ({r['status']})")
             continue
+        spread = f" ± {100 * r['gap_std']:.1f}" if r["n"] > 1 else ""
         lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
-                     f"{100 * r['gap_mean']:+.1f} ± {100 * r['gap_std']:.1f} points")
+                     f"{100 * r['gap_mean']:+.1f}{spread} points")
     return lines
 
 

@@ -19,8 +19,11 @@ A spec::
     claims:                            # paper claims checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
 
-A grid key ``config`` takes config file paths (a method per value). Keys joined by commas vary
-together (zipped), for budgets such as a fixed m·t.
+A grid key ``config`` takes config file paths (a method per value), or lists of paths that
+compose (a method and an overlay). Keys joined by commas vary together (zipped), for budgets
+such as a fixed m·t. A value ``best:<study>`` stands for the last checkpoint of that finished
+study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
+``model.init_from``.
 """
 
 from __future__ import annotations
@@ -207,8 +210,9 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
     if not isinstance(merged.get("study"), str) or not merged["study"]:
         raise SpecError("study must be a non-empty name")
     grid = _check_grid(merged.get("grid"))
-    if "config" in grid:
-        grid = {**grid, "config": [_resolve(c) for c in grid["config"]]}
+    if "config" in grid:  # a path, or a list of paths that compose
+        grid = {**grid, "config": [[_resolve(x) for x in c] if isinstance(c, list) else
+                                   _resolve(c) for c in grid["config"]]}
     lr = merged.get("lr") or []
     if not isinstance(lr, list) or not all(isinstance(x, (int, float)) and math.isfinite(x)
                                            and x > 0 for x in lr):

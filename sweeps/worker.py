@@ -27,6 +27,7 @@ from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise
+from sweeps.refs import resolve_refs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
@@ -41,12 +42,14 @@ def trial_name(params: dict[str, Any]) -> str:
     parts = []
     for key in sorted(params):
         value = params[key]
-        if key == "config":
+        if key == "config" and isinstance(value, (list, tuple)):
+            value = "+".join(Path(str(v)).stem for v in value)
+        elif key == "config":
             value = Path(str(value)).stem
         elif isinstance(value, (list, tuple)):  # e.g. mixers [conv, delta] -> conv-delta
             value = "-".join(str(v) for v in value)
         parts.append(f"{short_name(key)}{value}")
-    return "_".join(parts).replace("/", "-")
+    return "_".join(parts).replace("/", "-").replace(":", "-")
 
 
 def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str) -> list[str]:
@@ -54,8 +57,10 @@ def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str
     args: list[str] = []
     for cfg in spec.configs:
         args += ["--config", cfg]
-    if "config" in params:
-        args += ["--config", str(params["config"])]
+    if "config" in params:  # one config file, or a list of them that compose
+        cfgs = params["config"]
+        for cfg in cfgs if isinstance(cfgs, (list, tuple)) else [cfgs]:
+            args += ["--config", str(cfg)]
     args += ["--config", spec.profile_path, *spec.args]
     for key, value in params.items():
         if key != "config":  # strings go bare: jsonargparse would keep JSON's quotes
@@ -276,7 +281,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     log(f"trial {trial.number} {name}: start" + (" (resuming last.ckpt)" if ckpt else ""))
     t0 = time.time()
     try:
-        cli = build_cli(trial_args(spec, params, str(save_dir), name), run=False)
+        resolved = resolve_refs(params, storage)  # best:<study> values -> checkpoints
+        cli = build_cli(trial_args(spec, resolved, str(save_dir), name), run=False)
         trainer = cli.trainer
         checkpoints_by_run_name(trainer)
         if spec.pruner != "none":

@@ -51,7 +51,7 @@ def test_points_cartesian_and_zipped():
 
 @pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
                                   "normalize", "calibration", "paper_gpu", "diagnosis",
-                                  "state_updates"])
+                                  "state_updates", "warmstart_based", "warmstart"])
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
@@ -296,6 +296,7 @@ def test_claims_are_checked_seed_by_seed():
     assert got[2]["status"] == "0 rows match worse {'feature_map': 'Based'}"
     text = report.claims_text(got)
     assert text[0] == "- p=4 > p=2: holds in 2 of 3 seeds, mean gap +3.3 ± 7.6 points"
+    assert text[1] == "- p=4 > p=6: holds in 2 of 2 seeds, mean gap +30.0 ± 14.1 points"
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
 
 
@@ -320,3 +321,31 @@ def test_trial_names_are_plain_folder_names():
     name = trial_name({"config": "/x/configs/p4.yaml", "model.mixers": ["conv", "delta"],
                        "seed_everything": 1, "model.lr": 0.001})
     assert name == "cfgp4_lr0.001_mixersconv-delta_seed1"
+
+
+def test_best_refs_pick_the_seed_run_at_the_best_lr(tmp_path):
+    from optuna.distributions import CategoricalDistribution
+
+    from sweeps.refs import RefError, best_checkpoint, resolve_refs
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with pytest.raises(RefError, match="no such study"):
+        best_checkpoint("stage1", 0, url)
+    study = optuna.create_study(study_name="stage1", storage=url, direction="maximize")
+    dists = {"model.lr": CategoricalDistribution([1e-3, 3e-3]),
+             "seed_everything": CategoricalDistribution([0, 1])}
+    for lr, values in ((1e-3, (0.9, 0.8)), (3e-3, (0.95, 0.5))):  # means 0.85 and 0.725
+        for seed, value in enumerate(values):
+            study.add_trial(optuna.trial.create_trial(
+                params={"model.lr": lr, "seed_everything": seed}, distributions=dists,
+                value=value, user_attrs={"last_checkpoint": f"ckpt_{lr}_{seed}"}))
+    assert best_checkpoint("stage1", 1, url) == "ckpt_0.001_1"  # best mean lr, not best run
+    params = {"model.init_from": "best:stage1", "seed_everything": 0, "model.lr": 0.01}
+    assert resolve_refs(params, url)["model.init_from"] == "ckpt_0.001_0"
+    with pytest.raises(RefError, match="no finished run with seed 7"):
+        best_checkpoint("stage1", 7, url)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING,
+                                              params={"model.lr": 1e-3, "seed_everything": 0},
+                                              distributions=dists))
+    with pytest.raises(RefError, match="still running"):
+        best_checkpoint("stage1", 0, url)

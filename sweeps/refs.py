@@ -1,0 +1,60 @@
+"""Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
+that study's run with this trial's seed, at the study's best learning rate (best mean over
+seeds). A two-stage protocol (train BASED, then continue from it) uses it for
+``model.init_from``; the other study must have finished and have one grid point."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+BEST = "best:"
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
+class RefError(ValueError):
+    """A ``best:`` reference that cannot be resolved yet (or at all); the message says why."""
+
+
+def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
+    """The last checkpoint of ``study_name``'s run with ``seed`` at its best lr."""
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise RefError(f"best:{study_name}: no such study (run its sweep first)") from None
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state not in FINISHED for t in trials):
+        raise RefError(f"best:{study_name}: that study is still running")
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    points = {tuple(sorted((k, str(v)) for k, v in t.params.items()
+                           if k not in ("seed_everything", "model.lr"))) for t in done}
+    if len(points) != 1:
+        raise RefError(f"best:{study_name}: needs exactly one grid point besides seed and lr, "
+                       f"found {len(points)}")
+    by_lr: dict[float, list] = defaultdict(list)
+    for t in done:
+        by_lr[t.params.get("model.lr", 0.0)].append(t)
+    sign = 1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+    best = max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
+    match = [t for t in by_lr[best] if t.params.get("seed_everything") == seed]
+    path = match[0].user_attrs.get("last_checkpoint") if match else None
+    if not path:
+        raise RefError(f"best:{study_name}: no finished run with seed {seed} at its best lr "
+                       f"{best:g}")
+    return str(path)
+
+
+def resolve_refs(params: dict[str, Any], storage: Any) -> dict[str, Any]:
+    """``params`` with every ``best:<study>`` value replaced by :func:`best_checkpoint`."""
+    out = dict(params)
+    for key, value in params.items():
+        if isinstance(value, str) and value.startswith(BEST):
+            out[key] = best_checkpoint(value[len(BEST):], params.get("seed_everything"), storage)
+    return out
+
+
+__all__ = ["BEST", "RefError", "best_checkpoint", "resolve_refs"]
