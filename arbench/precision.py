@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
 
 def use_cpu_kernels(x: torch.Tensor) -> bool:
     """True where the hand-written CPU autograd Functions run: a CPU tensor, not being traced by
@@ -75,5 +73,5 @@ def bf16_warning(precision: str | int | None, device: str) -> str | None:
             "(python -m arbench.bench measures both)")
 
 
-__all__ = ["CPU_AUTOCAST_DTYPE", "LOW_PRECISION", "accumulator_dtype", "bf16_warning",
+__all__ = ["CPU_AUTOCAST_DTYPE", "accumulator_dtype", "bf16_warning",
            "kernel_dtype", "native_bf16", "use_cpu_kernels"]

@@ -5,12 +5,12 @@ seeds). A two-stage protocol (train BASED, then continue from it) uses it for
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
+from sweeps.report import best_lr, by_point_and_lr
 
 BEST = "best:"
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -29,17 +29,12 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
     trials = study.get_trials(deepcopy=False)
     if any(t.state not in FINISHED for t in trials):
         raise RefError(f"best:{study_name}: that study is still running")
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
-    points = {tuple(sorted((k, str(v)) for k, v in t.params.items()
-                           if k not in ("seed_everything", "model.lr"))) for t in done}
+    points = by_point_and_lr(trials)
     if len(points) != 1:
         raise RefError(f"best:{study_name}: needs exactly one grid point besides seed and lr, "
                        f"found {len(points)}")
-    by_lr: dict[float, list] = defaultdict(list)
-    for t in done:
-        by_lr[t.params.get("model.lr", 0.0)].append(t)
-    sign = 1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1
-    best = max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
+    (by_lr,) = points.values()
+    best = best_lr(by_lr, study.direction == optuna.study.StudyDirection.MAXIMIZE)
     match = [t for t in by_lr[best] if t.params.get("seed_everything") == seed]
     path = match[0].user_attrs.get("last_checkpoint") if match else None
     if not path:

@@ -45,19 +45,32 @@ def status_lines(storage: Any) -> list[str]:
     return lines or ["no studies"]
 
 
+Trials = list[optuna.trial.FrozenTrial]
+
+
+def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
+    """Completed ``trials`` grouped by grid point (params less seed and lr), then by lr."""
+    grouped: dict[tuple, dict[float, Trials]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            point = tuple(sorted((k, str(v)) for k, v in t.params.items() if k not in VARYING))
+            grouped[point][t.params.get("model.lr", 0.0)].append(t)
+    return grouped
+
+
+def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:
+    """The lr whose trials have the best mean objective (over seeds)."""
+    sign = 1 if maximize else -1
+    return max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
+
+
 def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
     """One row per point at its best lr."""
     study = optuna.load_study(study_name=spec.study, storage=storage)
-    by_point: dict[tuple, dict[float, list[optuna.trial.FrozenTrial]]] = defaultdict(
-        lambda: defaultdict(list))
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        point = tuple(sorted((k, str(v)) for k, v in t.params.items() if k not in VARYING))
-        by_point[point][t.params.get("model.lr", 0.0)].append(t)
-    sign = 1 if spec.direction == "maximize" else -1
     out = []
-    for point, by_lr in by_point.items():
-        best_lr = max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
-        trials = by_lr[best_lr]
+    for point, by_lr in by_point_and_lr(study.get_trials(deepcopy=False)).items():
+        best = best_lr(by_lr, spec.direction == "maximize")
+        trials = by_lr[best]
         values = [t.value for t in trials]
         hp = dict(trials[0].user_attrs.get("hparams") or {})
         slices: dict[str, list[float]] = defaultdict(list)
@@ -68,8 +81,8 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
         known = [bool(v) for v in verdicts if v is not None]
         lrs = sorted(by_lr)
         out.append({
-            "point": dict(point), "hparams": hp, "best_lr": best_lr, "n_lrs": len(lrs),
-            "lr_at_edge": len(lrs) > 1 and best_lr in (lrs[0], lrs[-1]),
+            "point": dict(point), "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
+            "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
             "converged": sum(known) / len(known) if known else math.nan,
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in trials),
             "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
