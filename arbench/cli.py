@@ -22,11 +22,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from arbench.allocator import keep_heap
 from arbench.checks import CliError, check_writable
 from arbench.ckpt_check import check_checkpoint, last_checkpoint
 from arbench.cli_errors import check_config_files, short_parser_message
 from arbench.data.datamodule import MQARDataModule
+from arbench.kernels import keep_heap
 from arbench.lit import DivergenceError, LitRecall
 from arbench.noise import quiet_known_noise
 from arbench.precision import bf16_warning

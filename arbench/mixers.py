@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arbench import kernels
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
 from arbench.delta import DELTA_MODES, delta_attention
 from arbench.featuremaps import FeatureMap
-from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, use_cpu_kernels
+from arbench.precision import use_cpu_kernels
 
 FeatureMapFactory = Callable[[int], FeatureMap]
 
@@ -227,38 +228,11 @@ class SoftmaxAttention(nn.Module):
         return {"feature_map": "softmax"}
 
 
-class _CausalDepthwiseConv(torch.autograd.Function):
-    """``y_t = b + Σ_{s<k} w[:, k−1−s] ⊙ h_{t−s}`` on ``(batch, seq, d)`` in place of a
-    transposed ``Conv1d``: k fused multiply-adds over shifted slices, and a backward of the
-    same shape (``∂h``: shifted multiply-adds; ``∂w``, ``∂b``: sums over batch and time).
-    ``w``: ``(d, k)``; ``b``: ``(d,)``. Under autocast all three are cast to bf16 (each output
-    is a sum of k terms); ``∂w`` and ``∂b``, sums over batch·time, are taken in fp32.
-    """
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
-    def forward(ctx, h: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
-                b: torch.Tensor) -> torch.Tensor:
-        k = w.shape[1]
-        out = torch.addcmul(b, h, w[:, k - 1])
-        for s in range(1, min(k, h.shape[1])):
-            out[:, s:].addcmul_(h[:, :-s], w[:, k - 1 - s])
-        ctx.save_for_backward(h, w)
-        return out
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        h, w = ctx.saved_tensors
-        k, acc = w.shape[1], accumulator_dtype(h)
-        grad = grad.to(h.dtype).contiguous()
-        grad_h = grad * w[:, k - 1]
-        grad_w = torch.zeros_like(w, dtype=acc)
-        grad_w[:, k - 1] = (grad * h).sum((0, 1), dtype=acc)
-        for s in range(1, min(k, h.shape[1])):
-            grad_h[:, :-s].addcmul_(grad[:, s:], w[:, k - 1 - s])
-            grad_w[:, k - 1 - s] = (grad[:, s:] * h[:, :-s]).sum((0, 1), dtype=acc)
-        return grad_h, grad_w, grad.sum((0, 1), dtype=acc)
+def causal_conv(h: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """``conv`` (depthwise, padded k − 1 on both sides) over the transposed sequence, its
+    first n outputs: the causal convolution of ``h`` ``(batch, n, d)`` in traced ops (GPUs,
+    ``torch.compile``; the reference of :func:`arbench.kernels.causal_conv`)."""
+    return conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
 
 
 class ShortConv(nn.Module):
@@ -278,10 +252,10 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
-        if not use_cpu_kernels(h):  # the traced convolution (GPUs, torch.compile)
-            u = self.conv(h.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
-        else:  # the same convolution without transposes (half the time of Conv1d fwd+bwd)
-            u = _CausalDepthwiseConv.apply(h, self.conv.weight[:, 0, :], self.conv.bias)
+        if not use_cpu_kernels(h):
+            u = causal_conv(h, self.conv)
+        else:  # the same convolution without transposes
+            u = kernels.causal_conv(h, self.conv.weight, self.conv.bias)
         return self.out(u * self.gate(x))
 
     def state_size(self, seq_len: int) -> int:
@@ -295,4 +269,4 @@ def mlp(d_model: int, expand: int = 4) -> nn.Module:
 
 
 __all__ = ["DecayGate", "DeltaAttention", "FeatureMapFactory", "GatedLinearAttention",
-           "LinearAttention", "ShortConv", "SoftmaxAttention", "mlp"]
+           "LinearAttention", "ShortConv", "SoftmaxAttention", "causal_conv", "mlp"]

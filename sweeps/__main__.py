@@ -66,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    from arbench.allocator import keep_heap
+    from arbench.kernels import keep_heap
     from sweeps.worker import enqueue_grid, make_study, quiet_libraries, validate_points, work
 
     quiet_libraries()

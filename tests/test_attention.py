@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import torch
 
-from arbench import attention
 from arbench.attention import linear_attention, safe_denominator, softmax_attention
 
 
@@ -63,26 +62,6 @@ def test_chunked_gradients_match_quadratic(normalize):
     for key in (("chunked", 4), ("chunked", 16)):
         for got, want in zip(grads[key], grads["quadratic", 64]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("reverse", [False, True])
-def test_running_sum_over_chunks(reverse):
-    x = torch.randn(2, 3, 6, 4, 5)
-    want = x.flip(-3).cumsum(dim=-3).flip(-3) if reverse else x.cumsum(dim=-3)
-    torch.testing.assert_close(attention._running_sum_(x.clone(), reverse=reverse), want)
-
-
-@pytest.mark.parametrize("b,n,c", [(1, 24, 8), (3, 24, 8), (2, 8, 8), (1, 40, 4)])
-def test_chunked_backward_is_the_exact_gradient(b, n, c):
-    # float64 straight into the Function (linear_attention computes in float32)
-    gen = torch.Generator().manual_seed(n + b)
-    f, g = (torch.randn(b, n, 5, generator=gen, dtype=torch.double) for _ in range(2))
-    v = torch.randn(b, n, 3, generator=gen, dtype=torch.double)
-    args = [t.requires_grad_() for t in (f, g, v)]
-    assert torch.autograd.gradcheck(lambda *t: attention._ChunkedAttention.apply(*t, c), args)
-    with torch.no_grad():
-        plain = attention._chunked_plain(f, g, v, c)
-    torch.testing.assert_close(attention._ChunkedAttention.apply(f, g, v, c), plain)
 
 
 def test_matches_explicit_definition():

@@ -85,20 +85,6 @@ def test_based_kernel_is_taylor():
     torch.testing.assert_close(fm(q) @ fm(k).T, 1 + s + s ** 2 / 2)
 
 
-def test_based_buffer_form_matches_concatenation():
-    # value and gradient of the one-buffer Taylor features against the plain concatenation
-    fm = Based(6, r=3)
-    x = torch.randn(2, 5, 7, requires_grad=True)[..., 1:]  # strided input
-    xt = fm.proj(x)
-    want = torch.cat([torch.ones_like(xt[..., :1]), xt / 3 ** 0.25,
-                      (xt.unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2) / 6 ** 0.5], dim=-1)
-    torch.testing.assert_close(fm(x), want)
-    assert torch.autograd.gradcheck(lambda a: featuremaps._TaylorFeatures.apply(a, 0.7, -1.3),
-                                     (torch.randn(9, 3, requires_grad=True),))
-    with torch.no_grad():
-        torch.testing.assert_close(fm(x), want)
-
-
 def test_polysketch_fixed_and_seeded():
     a, b, c = PolySketch(6, m=16, p=2, seed=3), PolySketch(6, m=16, p=2, seed=3), \
         PolySketch(6, m=16, p=2, seed=4)
@@ -176,47 +162,6 @@ def test_batched_shapes():
         assert out.shape == (2, 3, 5, fm.feature_dim)
 
 
-
-
-@pytest.mark.parametrize("p,rank,rows", [(2, 2, 4), (3, 1, 5), (5, 2, 24), (2, 3, 1)])
-def test_cp_polynomial_blocks_match_the_definition(monkeypatch, p, rank, rows):
-    # blocks of 4 rows over 2·3·4 = 24 rows: several blocks, and the last one short when rows=5
-    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
-    torch.manual_seed(p)
-    x = torch.randn(2, 3, 4, 4, dtype=torch.double, requires_grad=True)[:, :, 1:]  # strided
-    theta = torch.randn(rank, p, 4, 3, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(cp_polynomial, (x, theta))
-    want = sum(torch.prod(torch.stack([x @ theta[r, j] for j in range(p)]), dim=0)
-               for r in range(rank))
-    torch.testing.assert_close(cp_polynomial(x, theta), want)
-    with torch.no_grad():  # the inference path (one reused block buffer) gives the same value
-        torch.testing.assert_close(cp_polynomial(x, theta), want)
-    x_only = x.detach().requires_grad_()  # gradient for the input alone, and for theta alone
-    (gx,) = torch.autograd.grad(cp_polynomial(x_only, theta.detach()).sum(), x_only)
-    (gx_want,) = torch.autograd.grad(want.sum(), x)
-    torch.testing.assert_close(gx, gx_want)
-    assert torch.autograd.gradcheck(lambda th: cp_polynomial(x.detach(), th), (theta,))
-
-
-@pytest.mark.parametrize("p,rank,rows", [(2, 2, 4), (3, 1, 5), (4, 2, 24)])
-def test_affine_cp_polynomial_matches_the_definition(monkeypatch, p, rank, rows):
-    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
-    torch.manual_seed(p)
-    x = torch.randn(2, 3, 4, dtype=torch.double, requires_grad=True)
-    theta = torch.randn(rank, p, 4, 3, dtype=torch.double, requires_grad=True)
-    bias = torch.randn(rank, p, 3, dtype=torch.double, requires_grad=True)
-    want = sum(torch.prod(torch.stack([x @ theta[r, j] + bias[r, j] for j in range(p)]), dim=0)
-               for r in range(rank))
-    torch.testing.assert_close(cp_polynomial(x, theta, bias), want)
-    with torch.no_grad():
-        torch.testing.assert_close(cp_polynomial(x, theta, bias), want)
-    assert torch.autograd.gradcheck(cp_polynomial, (x, theta, bias))
-    w = theta.detach().permute(2, 1, 0, 3).reshape(4, -1)
-    b = bias.detach().permute(1, 0, 2).reshape(-1)
-    torch.testing.assert_close(featuremaps._cp_unblocked(x.detach(), w, p, rank, b),
-                               want.detach())
-
-
 @pytest.mark.parametrize("p,rank", [(2, 1), (3, 2)])
 def test_affine_llops_meets_the_extended_khatri_rao_identity(p, rank):
     """φ(x) = ψ_p([x, 1]) Ŵ, Ŵ[:, i] = Σ_r ⊗_j [Θ_{j,r}[:, i]; c_{j,r}[i]] (column-wise
@@ -242,27 +187,6 @@ def test_affine_llops_meets_the_extended_khatri_rao_identity(p, rank):
     assert fm.hparams()["affine"] is True
     plain = LLoPS(d, m=m, p=p, rank=rank, affine=True)  # c = 0 at init: the plain map
     torch.testing.assert_close(plain(x.float()), cp_polynomial(x.float(), plain.theta))
-
-
-def test_cp_polynomial_compiled_form_matches_blocked():
-    torch.manual_seed(0)
-    x, theta = torch.randn(3, 7, 8), torch.randn(2, 4, 8, 5)
-    w = theta.permute(2, 1, 0, 3).reshape(8, -1)
-    torch.testing.assert_close(featuremaps._cp_unblocked(x, w, 4, 2), cp_polynomial(x, theta))
-
-
-@pytest.mark.parametrize("p,rows", [(1, 4), (2, 5), (3, 24), (4, 4), (6, 7), (7, 1)])
-def test_power_map_blocks_match_pow(monkeypatch, p, rows):
-    # value and gradients (float64 gradcheck) of the blocked squaring form against Tensor.pow
-    monkeypatch.setattr(featuremaps, "CP_BLOCK_ROWS", rows)
-    torch.manual_seed(p)
-    x = torch.randn(2, 3, 3, 5, requires_grad=True)[..., 1:]  # strided, 18 rows of width 4
-    w = torch.randn(4, 3, requires_grad=True)
-    torch.testing.assert_close(featuremaps.power_map(x, w, p), (x @ w).pow(p))
-    with torch.no_grad():
-        torch.testing.assert_close(featuremaps.power_map(x, w, p), (x @ w).pow(p))
-    assert torch.autograd.gradcheck(lambda a, b: featuremaps.power_map(a, b, p), (x, w))
-    torch.testing.assert_close(featuremaps._int_power(x @ w, p), (x @ w).pow(p))
 
 
 def test_flatten_is_power_of_the_projection():

@@ -40,7 +40,7 @@ class BenchConfig:
     ``min_sample_s``: a timed sample loops a case until it lasts at least this long (seconds).
     ``chunk_sizes``: candidates for the chunked form; with several, the fastest at
     ``tune_n`` tokens is used. ``cp_block_rows``: candidates for the rows per block of the
-    CP-polynomial feature maps (``arbench.featuremaps.CP_BLOCK_ROWS``; 0 = one block), tuned
+    CP-polynomial feature maps (``arbench.kernels.cp_block_rows``; 0 = one block), tuned
     the same way on the LLoPS layers (CPU only). ``train_samples``: timed steps per training
     size and head.
     ``softmax_bwd_max_n``: softmax forward+backward is skipped above this n (on 2 CPU cores

@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from arbench.allocator import keep_heap
 from arbench.bench.config import P4_TRAIN, BenchConfig
 from arbench.bench.layers import build_layer, make_call, make_inputs, method_list
 from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
 from arbench.data.mqar import generate_mqar
+from arbench.kernels import keep_heap
 from arbench.optim import make_adamw
 
 MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
@@ -127,7 +127,7 @@ def markdown(result: dict) -> str:
     lines = ["# Where the time goes (torch.profiler, self CPU time per call)", "",
              f"- command: `{result['command']}`",
              f"- {result['threads']} threads, torch {result['torch']}, CPU allocator: "
-             + ("glibc heap kept (`arbench.allocator`)" if result["heap_kept"] else "system"),
+             + ("glibc heap kept (`arbench.kernels.allocator`)" if result["heap_kept"] else "system"),
              f"- fp32 matmul reference: {result['peak_gflops']:.1f} GFLOP/s (4096², median of 5)",
              f"- layer cases: chunk {result['chunk']}",
              "- Profiling adds overhead per operator call; shares are what to read, not totals.",

@@ -329,7 +329,7 @@ def _header_section(result: dict) -> list[str]:
              f"{cfg['head_dim']}, m {cfg['m']}, normalize `{cfg['normalize']}`",
              _load_line(meta),
              "- CPU allocator: " + ("glibc heap kept, no mmap per large tensor "
-                                    "(`arbench.allocator.keep_heap`)" if meta.get("heap_kept")
+                                    "(`arbench.kernels.keep_heap`)" if meta.get("heap_kept")
                                     else "system defaults"),
              f"- fp32 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
              f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f})",

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from arbench.allocator import keep_heap
 from arbench.bench.config import BenchConfig, config_to_dict
 from arbench.bench.layers import (
     PASSES,
@@ -31,7 +30,7 @@ from arbench.bench.memory import MiB, measure_memory
 from arbench.bench.report import target_checks, write_outputs
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
-from arbench.featuremaps import cp_block_rows
+from arbench.kernels import cp_block_rows, keep_heap
 from arbench.machine import cpu_name
 from arbench.precision import native_bf16
 

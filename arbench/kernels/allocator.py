@@ -2,9 +2,9 @@
 
 glibc serves every allocation above 32 MiB (its largest mmap threshold) with a new ``mmap`` and
 returns it to the kernel on free, so each training step page-faults (and the kernel zeroes)
-every large activation again: at the LLoPS p=6, t=8 size of the ``cpu`` profile that is a third
-of the step time on one core (1.55 s → 0.99 s measured). ``keep_heap()`` turns ``mmap`` off for
-malloc and stops the heap from being trimmed, so freed blocks are reused by the next step.
+every large activation again (what that cost once: results/kernels.md). ``keep_heap()`` turns
+``mmap`` off for malloc and stops the heap from being trimmed, so freed blocks are reused by the
+next step.
 Peak resident memory is unchanged in kind (the high-water mark of live tensors), but memory is
 not given back to the system until the process exits.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 M_TRIM_THRESHOLD = -1
@@ -22,8 +23,6 @@ M_TOP_PAD = -2
 M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
 _TOP_PAD = 64 * 2**20  # grow the heap 64 MiB at a time (fewer brk calls)
-
-_state: dict[str, bool] = {}
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -37,18 +36,15 @@ def _libc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "mallopt") else None
 
 
+@functools.cache
 def keep_heap() -> bool:
-    """Configure glibc malloc as described above; True when it took effect (idempotent)."""
-    if "kept" in _state:
-        return _state["kept"]
-    kept = False
-    if os.environ.get("ARBENCH_MALLOC", "").lower() != "system":
-        libc = _libc()
-        if libc is not None:
-            kept = all(libc.mallopt(param, value) == 1 for param, value in (
-                (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX), (M_TOP_PAD, _TOP_PAD)))
-    _state["kept"] = kept
-    return kept
+    """Configure glibc malloc as described above; True when it took effect (once per
+    process)."""
+    if os.environ.get("ARBENCH_MALLOC", "").lower() == "system":
+        return False
+    libc = _libc()
+    return libc is not None and all(libc.mallopt(param, value) == 1 for param, value in (
+        (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX), (M_TOP_PAD, _TOP_PAD)))
 
 
 __all__ = ["keep_heap"]

@@ -1,0 +1,26 @@
+"""CPU kernels: autograd Functions and in-place loops that compute what a plain reference form
+defines, faster on a CPU. Each kernel's docstring names its reference; ``tests/kernels/``
+compares the two (value, gradient, the no-grad path, float64).
+
+| kernel | reference |
+|---|---|
+| :func:`cp_product` (blocked, :func:`cp_block_rows`) | :func:`arbench.featuremaps.cp_product` |
+| :func:`projected_power` | :func:`arbench.featuremaps.projected_power` |
+| :func:`taylor_features` | :func:`arbench.featuremaps.taylor_features` |
+| :func:`chunked_attention` | :func:`arbench.attention.chunked_plain` |
+| :func:`causal_conv` | :func:`arbench.mixers.causal_conv` |
+| :func:`keep_heap` (malloc setting) | glibc's defaults (``ARBENCH_MALLOC=system``) |
+
+Where they run is decided by one rule, :func:`arbench.precision.use_cpu_kernels` (a CPU
+tensor, not being compiled, not switched off by :func:`arbench.precision.cpu_kernels`); the
+callers in featuremaps, attention and mixers take the reference form elsewhere.
+"""
+
+from arbench.kernels.allocator import keep_heap
+from arbench.kernels.chunked import chunked_attention
+from arbench.kernels.conv import causal_conv
+from arbench.kernels.cp import block_rows, cp_block_rows, cp_product, projected_power
+from arbench.kernels.taylor import taylor_features
+
+__all__ = ["block_rows", "causal_conv", "chunked_attention", "cp_block_rows", "cp_product",
+           "keep_heap", "projected_power", "taylor_features"]

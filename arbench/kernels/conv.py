@@ -1,0 +1,54 @@
+"""The causal depthwise convolution of the short-convolution mixer without transposes.
+
+Reference: :func:`arbench.mixers.causal_conv` (a left-padded depthwise ``conv1d`` over the
+transposed sequence, its first n outputs), value and gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype
+
+
+class CausalDepthwiseConv(torch.autograd.Function):
+    """``y_t = b + Σ_{s<k} w[:, k−1−s] ⊙ h_{t−s}`` on ``(batch, seq, d)``: k fused
+    multiply-adds over shifted slices, and a backward of the same shape (``∂h``: shifted
+    multiply-adds; ``∂w``, ``∂b``: sums over batch and time). ``w``: ``(d, k)``; ``b``:
+    ``(d,)``. Under autocast all three are cast to bf16 (each output is a sum of k terms);
+    ``∂w`` and ``∂b``, sums over batch·time, are taken in fp32.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=CPU_AUTOCAST_DTYPE)
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
+                b: torch.Tensor) -> torch.Tensor:
+        k = w.shape[1]
+        out = torch.addcmul(b, h, w[:, k - 1])
+        for s in range(1, min(k, h.shape[1])):
+            out[:, s:].addcmul_(h[:, :-s], w[:, k - 1 - s])
+        ctx.save_for_backward(h, w)
+        return out
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        h, w = ctx.saved_tensors
+        k, acc = w.shape[1], accumulator_dtype(h)
+        grad = grad.to(h.dtype).contiguous()
+        grad_h = grad * w[:, k - 1]
+        grad_w = torch.zeros_like(w, dtype=acc)
+        grad_w[:, k - 1] = (grad * h).sum((0, 1), dtype=acc)
+        for s in range(1, min(k, h.shape[1])):
+            grad_h[:, :-s].addcmul_(grad[:, s:], w[:, k - 1 - s])
+            grad_w[:, k - 1 - s] = (grad[:, s:] * h[:, :-s]).sum((0, 1), dtype=acc)
+        return grad_h, grad_w, grad.sum((0, 1), dtype=acc)
+
+
+def causal_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``h``: ``(batch, seq, d)``; ``weight``: ``(d, 1, k)`` (``nn.Conv1d``'s depthwise
+    layout); ``bias``: ``(d,)``; returns ``(batch, seq, d)``."""
+    return CausalDepthwiseConv.apply(h, weight[:, 0, :], bias)
+
+
+__all__ = ["CausalDepthwiseConv", "causal_conv"]
