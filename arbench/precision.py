@@ -18,13 +18,31 @@ AMX); elsewhere they are emulated and run far slower than fp32 (:func:`native_bf
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 import torch
+
+_CPU_KERNELS: ContextVar[bool] = ContextVar("cpu_kernels", default=True)
 
 
 def use_cpu_kernels(x: torch.Tensor) -> bool:
-    """True where the hand-written CPU autograd Functions run: a CPU tensor, not being traced by
-    ``torch.compile``. Elsewhere (GPUs, compiled graphs) the plain tensor forms run."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+    """The one rule for where the CPU kernels (:mod:`arbench.kernels`) run: a CPU tensor, not
+    being traced by ``torch.compile``, kernels not switched off by :func:`cpu_kernels`.
+    Elsewhere (GPUs, compiled graphs) the plain reference forms run."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and _CPU_KERNELS.get()
+
+
+@contextlib.contextmanager
+def cpu_kernels(enabled: bool) -> Iterator[None]:
+    """Inside the block, run the CPU kernels (``True``, the default) or the plain reference
+    forms everywhere (``False``)."""
+    token = _CPU_KERNELS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _CPU_KERNELS.reset(token)
 
 
 CPU_AUTOCAST_DTYPE = torch.bfloat16
@@ -73,5 +91,5 @@ def bf16_warning(precision: str | int | None, device: str) -> str | None:
             "(python -m arbench.bench measures both)")
 
 
-__all__ = ["CPU_AUTOCAST_DTYPE", "accumulator_dtype", "bf16_warning",
+__all__ = ["CPU_AUTOCAST_DTYPE", "accumulator_dtype", "bf16_warning", "cpu_kernels",
            "kernel_dtype", "native_bf16", "use_cpu_kernels"]
