@@ -16,13 +16,15 @@ Initialisation of the projections Θ (entries N(0, σ²)), two choices:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from arbench import kernels
-from arbench.precision import use_cpu_kernels
+from arbench.precision import cpu_kernels, use_cpu_kernels
 
 
 def _require_int(name: str, value: int, minimum: int = 1) -> int:
@@ -48,6 +50,18 @@ class FeatureMap(nn.Module):
     def hparams(self) -> dict[str, float | int | str | bool]:
         """Hyperparameters to report (feature map name, m, p, rank, ...)."""
         return {"feature_map": type(self).__name__, "m": self.feature_dim}
+
+    def flops_per_token(self) -> float:
+        """FLOPs of one call on one token (one multiply or add = 1 FLOP). This default counts
+        one call on a ``(1, head_dim)`` input with torch's FLOP counter on the reference forms,
+        which sees matmuls only; the shipped maps override it with their full count."""
+        like = next(itertools.chain(self.parameters(), self.buffers()), None)
+        x = torch.zeros(1, self.head_dim, dtype=like.dtype if like is not None else None,
+                        device=like.device if like is not None else None)
+        with FlopCounterMode(display=False) as counter, torch.no_grad(), cpu_kernels(False):
+            self(x)
+        return float(counter.get_total_flops())
+
 
 # ---- reference forms: the definitions the CPU kernels of arbench.kernels must equal ----------
 
@@ -126,6 +140,11 @@ def power_map(x: torch.Tensor, w: torch.Tensor, p: int) -> torch.Tensor:
     return kernels.projected_power(x, w, p)
 
 
+def _cp_flops(d: int, m: int, p: int, rank: int) -> float:
+    """``Σ_r Π_j x Θ_{j,r}`` per token: projection, products, rank sum."""
+    return 2.0 * d * p * rank * m + (p - 1) * rank * m + (rank - 1) * m
+
+
 class LLoPS(FeatureMap):
     """Learnable low-rank polynomial sketch: φ(x) = Σ_{r=1..t} Π_{j=1..p} x Θ_{j,r}.
 
@@ -157,6 +176,13 @@ class LLoPS(FeatureMap):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = cp_polynomial(x, self.theta, self.bias)
         return out * out if self.square else out
+
+    def flops_per_token(self) -> float:
+        """Projection ``2·d·p·t·m``, products ``(p−1)·t·m``, rank sum ``(t−1)·m`` [+ ``p·t·m``
+        constants when affine] [+ ``m`` when squared]."""
+        extra = (self.p * self.rank * self.m if self.affine else 0) + (
+            self.m if self.square else 0)
+        return _cp_flops(self.head_dim, self.m, self.p, self.rank) + extra
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "LLoPS", "m": self.m, "p": self.p, "rank": self.rank,
@@ -230,6 +256,10 @@ class Flatten(FeatureMap):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return power_map(x, self.theta, self.p)
 
+    def flops_per_token(self) -> float:
+        """Projection ``2·d·m`` and the power ``(p−1)·m``."""
+        return 2.0 * self.head_dim * self.m + (self.p - 1) * self.m
+
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Flatten", "m": self.m, "p": self.p, "rank": 1}
 
@@ -254,6 +284,11 @@ class Based(FeatureMap):
         if not use_cpu_kernels(xt):
             return taylor_features(xt, a, b)
         return kernels.taylor_features(xt, a, b)
+
+    def flops_per_token(self) -> float:
+        """Projection ``2·d·r``, scaling ``r``, outer product and its scaling ``2·r²``."""
+        r = self.r
+        return 2.0 * self.head_dim * r + r + 2.0 * r * r
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Based", "m": self.feature_dim, "r": self.r, "p": 2, "rank": 1}
@@ -282,6 +317,10 @@ class PolySketch(FeatureMap):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cp_polynomial(x, self.sketch.to(x.dtype))
 
+    def flops_per_token(self) -> float:
+        """As LLoPS with rank 1: ``2·d·p·m + (p−1)·m``."""
+        return _cp_flops(self.head_dim, self.m, self.p, 1)
+
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "PolySketch", "m": self.m, "p": self.p, "rank": 1}
 
@@ -296,6 +335,10 @@ class EluPlusOne(FeatureMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.elu(x) + 1.0
+
+    def flops_per_token(self) -> float:
+        """``elu`` and the add: ``2·d``."""
+        return 2.0 * self.head_dim
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "EluPlusOne", "m": self.feature_dim}
@@ -312,6 +355,9 @@ class Identity(FeatureMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+    def flops_per_token(self) -> float:
+        return 0.0
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Identity", "m": self.feature_dim}

@@ -40,7 +40,7 @@ def check_heads(d_model: int, num_heads: int) -> int:
     return d_model // num_heads
 
 
-class _FeatureMapAttention(nn.Module):
+class FeatureMapAttention(nn.Module):
     """The plumbing every feature-map mixer shares: a fused q/k/v projection, φ_Q and φ_K
     (``feature_map(head_dim)`` called twice), a per-head RMSNorm on the attention output when
     ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
@@ -117,7 +117,7 @@ class DecayGate(nn.Module):
         return -F.softplus(self.proj(x)).transpose(1, 2)
 
 
-class LinearAttention(_FeatureMapAttention):
+class LinearAttention(FeatureMapAttention):
     """Multi-head causal linear attention with separate query and key feature maps.
 
     ``feature_map(head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
@@ -168,7 +168,7 @@ class GatedLinearAttention(LinearAttention):
         return self.decay(x)
 
 
-class DeltaAttention(_FeatureMapAttention):
+class DeltaAttention(FeatureMapAttention):
     """Delta-rule attention over any feature map (mixers ``delta`` and, with ``gated``,
     ``gated_delta``): ``S_t = α_t (I − β_t g_t g_tᵀ) S_{t−1} + β_t g_t v_tᵀ``, ``y_t = S_tᵀ f_t``
     (:func:`arbench.attention.delta_attention`).
@@ -200,6 +200,14 @@ class DeltaAttention(_FeatureMapAttention):
         log_decay = None if self.decay is None else self.decay(x)
         return delta_attention(F.normalize(f, dim=-1), F.normalize(g, dim=-1), v, beta,
                                log_decay=log_decay, mode=self.mode, chunk_size=self.chunk_size)
+
+
+class GatedDeltaAttention(DeltaAttention):
+    """:class:`DeltaAttention` with the decay gate (mixer ``gated_delta``, Gated DeltaNet);
+    the same arguments but ``gated``."""
+
+    def __init__(self, *args: object, **kwargs: object):
+        super().__init__(*args, gated=True, **kwargs)  # type: ignore[misc]
 
 
 class SoftmaxAttention(nn.Module):
@@ -268,5 +276,6 @@ def mlp(d_model: int, expand: int = 4) -> nn.Module:
                          nn.Linear(expand * d_model, d_model))
 
 
-__all__ = ["DecayGate", "DeltaAttention", "FeatureMapFactory", "GatedLinearAttention",
+__all__ = ["DecayGate", "DeltaAttention", "FeatureMapFactory", "GatedDeltaAttention",
+           "GatedLinearAttention",
            "LinearAttention", "ShortConv", "SoftmaxAttention", "causal_conv", "mlp"]

@@ -19,19 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from arbench.data.mqar import IGNORE_INDEX, check_positive_int
-from arbench.mixers import (
-    DeltaAttention,
-    FeatureMapFactory,
-    GatedLinearAttention,
-    LinearAttention,
-    ShortConv,
-    SoftmaxAttention,
-    mlp,
-)
+from arbench.mixers import FeatureMapFactory, ShortConv, mlp
+from arbench.registry import FEATURE_MIXERS, MIXERS
 
-FEATURE_MIXERS = ("linear", "gated", "delta", "gated_delta")
-"""Mixers built on ``feature_map``."""
-MIXER_NAMES = ("conv", "linear", "softmax", "gated", "delta", "gated_delta")
+MIXER_NAMES = tuple(MIXERS)
 
 
 class Block(nn.Module):
@@ -76,17 +67,14 @@ class RecallModel(nn.Module):
         self.mixer_names = [mixers[i % len(mixers)] for i in range(n_layers)]
 
         def build(name: str) -> nn.Module:
-            if name == "conv":
+            cls = MIXERS[name]
+            if cls is ShortConv:
                 return ShortConv(d_model, conv_kernel)
-            if name == "softmax":
-                return SoftmaxAttention(d_model, num_heads)
-            common = dict(normalize=normalize, output_norm=output_norm, chunk_size=chunk_size,
-                          mode=attention_mode, qk_norm=qk_norm)
-            if name in ("delta", "gated_delta"):
-                return DeltaAttention(d_model, num_heads, feature_map,
-                                      gated=name == "gated_delta", **common)
-            cls = GatedLinearAttention if name == "gated" else LinearAttention
-            return cls(d_model, num_heads, feature_map, **common)
+            if name not in FEATURE_MIXERS:
+                return cls(d_model, num_heads)
+            return cls(d_model, num_heads, feature_map, normalize=normalize,
+                       output_norm=output_norm, chunk_size=chunk_size, mode=attention_mode,
+                       qk_norm=qk_norm)
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)

@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from arbench.registry import FEATURE_MIXERS
 from sweeps.paper import paper_value
 from sweeps.spec import SweepSpec
 
@@ -120,8 +121,8 @@ def variant(hp: dict[str, Any]) -> str:
     """The diagnosis switches a row's run used, e.g. ``" qk-norm affine"`` (empty: none)."""
     parts = [name for name, on in (("qk-norm", hp.get("qk_norm")), ("φ²", hp.get("square")),
                                    ("affine", hp.get("affine"))) if on]
-    rules = [m for m in str(hp.get("mixers", "")).split(",") if m not in ("", "conv", "linear",
-                                                                            "softmax")]
+    rules = [m for m in str(hp.get("mixers", "")).split(",")
+             if m in FEATURE_MIXERS and m != "linear"]
     parts += [f"[{rule}]" for rule in dict.fromkeys(rules)]  # gated / delta state updates
     if hp.get("init_from"):
         parts.append("(warm start)")

@@ -6,12 +6,14 @@ from arbench import featuremaps
 from arbench.featuremaps import (
     Based,
     EluPlusOne,
+    FeatureMap,
     Flatten,
     Identity,
     LLoPS,
     PolySketch,
     cp_polynomial,
 )
+from arbench.registry import FEATURE_MAPS
 
 
 @pytest.fixture(autouse=True)
@@ -195,3 +197,26 @@ def test_flatten_is_power_of_the_projection():
     torch.testing.assert_close(fm(x), (x @ fm.theta).pow(4))
     with pytest.raises(ValueError, match="p must be an integer >= 1, got 0"):
         featuremaps.power_map(x, fm.theta, 0)
+
+
+@pytest.mark.parametrize("name", sorted(FEATURE_MAPS))
+def test_flops_per_token_counts_at_least_the_matmuls(name):
+    """Each shipped map's stated count ≥ the matmul FLOPs torch's counter sees, within the few
+    elementwise operations the counter does not see."""
+    fm = FEATURE_MAPS[name](64, **({"r": 4} if name == "based" else {}))
+    counted = FeatureMap.flops_per_token(fm)  # the default: torch's FLOP counter
+    assert counted <= fm.flops_per_token() <= 1.1 * counted + 2 * 64
+
+
+def test_default_flops_per_token_is_torch_s_count():
+    class Squares(FeatureMap):
+        def __init__(self, head_dim: int, m: int = 5):
+            super().__init__()
+            self.head_dim, self.feature_dim = head_dim, m
+            self.w = torch.nn.Parameter(torch.randn(head_dim, m))
+
+        def forward(self, x):
+            return (x @ self.w) ** 2
+
+    assert Squares(7).flops_per_token() == 2 * 7 * 5
+    assert Squares(7).hparams() == {"feature_map": "Squares", "m": 5}

@@ -5,21 +5,15 @@ import torch
 import torch.nn.functional as F
 
 from arbench.data import generate_mqar
-from arbench.featuremaps import Based, EluPlusOne, Flatten, Identity, LLoPS, PolySketch
-from arbench.mixers import DeltaAttention, GatedLinearAttention
+from arbench.featuremaps import Identity, LLoPS
 from arbench.model import RecallModel
+from arbench.registry import FEATURE_MAPS, FEATURE_MIXERS, MIXERS
 
-MAPS = {
-    "llops": functools.partial(LLoPS, m=16, p=4),
-    "llops_rank": functools.partial(LLoPS, m=16, p=3, rank=2),
-    "flatten": functools.partial(Flatten, m=16, p=2),
-    "based": functools.partial(Based, r=4),
-    "polysketch": functools.partial(PolySketch, m=16, p=2),
-    "elu": EluPlusOne,
-    "identity": Identity,
-}
-STATE_MIXERS = {"gated": GatedLinearAttention, "delta": DeltaAttention,
-                "gated_delta": DeltaAttention}
+SMALL = {"llops": dict(m=16, p=4), "flatten": dict(m=16, p=2), "based": dict(r=4),
+         "polysketch": dict(m=16, p=2)}
+MAPS = {name: functools.partial(cls, **SMALL.get(name, {})) for name, cls in FEATURE_MAPS.items()}
+MAPS["llops_rank"] = functools.partial(LLoPS, m=16, p=3, rank=2)
+STATE_MIXERS = {name: MIXERS[name] for name in FEATURE_MIXERS if name != "linear"}
 
 
 def smoke_model(mixers, feature_map=None, **kw):

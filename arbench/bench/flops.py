@@ -4,13 +4,9 @@ Notation: n tokens, d head dim, m features, p degree, t CP rank, c chunk size,
 dv value width (``d + 1`` with a denominator: the ones column rides along with v),
 N = ⌈n/c⌉·c the padded length, nc = N/c chunks. Counts are per (batch, head) unless said.
 
-Feature maps, per token and map (φ_Q and φ_K each):
-
-- LLoPS / PolySketch: ``2·d·p·t·m`` (the one fused projection) ``+ (p−1)·t·m`` (products)
-  ``+ (t−1)·m`` (rank sum) ``[+ m`` if squared``]``;
-- Flatten: ``2·d·m + (p−1)·m``;
-- BASED (r): ``2·d·r + r + 2·r²`` (projection, scaling, outer product and its scaling);
-- elu+1: ``2·d``.
+Feature maps, per token and map (φ_Q and φ_K each): ``FeatureMap.flops_per_token()`` (the
+shipped maps state their count, e.g. LLoPS ``2·d·p·t·m + (p−1)·t·m + (t−1)·m``; a map that
+states none is counted by torch's FLOP counter).
 
 Chunked causal linear attention (what ``arbench.attention._chunked`` executes, masked entries
 included):
@@ -40,35 +36,9 @@ two products of the same size), for every method alike.
 
 from __future__ import annotations
 
-from torch import nn
-
-from arbench.featuremaps import Based, EluPlusOne, Flatten, Identity, LLoPS, PolySketch
+from arbench.featuremaps import FeatureMap
 
 FWD_BWD_FACTOR = 3.0
-
-
-def feature_map_flops(fm: nn.Module) -> float:
-    """FLOPs of one feature map per token (one head); see the module docstring."""
-    d = fm.head_dim
-    if isinstance(fm, LLoPS):
-        return cp_flops(d, fm.m, fm.p, fm.rank) + (fm.m if fm.square else 0)
-    if isinstance(fm, PolySketch):
-        return cp_flops(d, fm.m, fm.p, 1)
-    if isinstance(fm, Flatten):
-        return 2.0 * d * fm.m + (fm.p - 1) * fm.m
-    if isinstance(fm, Based):
-        r = fm.r
-        return 2.0 * d * r + r + 2.0 * r * r
-    if isinstance(fm, EluPlusOne):
-        return 2.0 * d
-    if isinstance(fm, Identity):
-        return 0.0
-    raise TypeError(f"no FLOP formula for feature map {type(fm).__name__}")
-
-
-def cp_flops(d: int, m: int, p: int, rank: int) -> float:
-    """``Σ_r Π_j x Θ_{j,r}`` per token: projection, products, rank sum."""
-    return 2.0 * d * p * rank * m + (p - 1) * rank * m + (rank - 1) * m
 
 
 def chunked_attention_flops(n: int, m: int, dv: int, c: int, normalized: bool) -> float:
@@ -112,11 +82,11 @@ def softmax_attention_flops(n: int, d: int) -> float:
     return 4.0 * d * pairs + 3.0 * pairs
 
 
-def linear_layer_flops(phi_q: nn.Module, phi_k: nn.Module, n: int, dv: int, c: int,
+def linear_layer_flops(phi_q: FeatureMap, phi_k: FeatureMap, n: int, dv: int, c: int,
                        normalized: bool, batch_heads: int, rule: str = "linear") -> float:
     """Forward FLOPs of φ_Q, φ_K and the chunked state update ``rule`` (``linear``, ``gated``,
     ``delta``, ``gated_delta``) over ``batch_heads`` (batch·heads)."""
-    maps = n * (feature_map_flops(phi_q) + feature_map_flops(phi_k))
+    maps = n * (phi_q.flops_per_token() + phi_k.flops_per_token())
     width = dv + 1 if normalized else dv
     m = phi_q.feature_dim
     if rule == "linear":

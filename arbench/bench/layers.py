@@ -21,14 +21,17 @@ from arbench.bench.flops import (
     linear_layer_flops,
     softmax_attention_flops,
 )
-from arbench.featuremaps import Based, Flatten, LLoPS, PolySketch
+from arbench.featuremaps import FeatureMap
+from arbench.registry import FEATURE_MIXERS, MethodConfig
 
 PASSES = ("fwd", "fwd_bwd")
 
 
 @dataclass(frozen=True)
 class Method:
-    """A method of the grid: ``name`` (e.g. ``llops_p4_t1``), ``family``, its hyperparameters."""
+    """A method of the grid: ``name`` (e.g. ``llops_p4_t1``), ``family`` (a registry name,
+    or ``softmax``), its hyperparameters for the tables and, for a linear method, ``fmap``:
+    the feature map's class and arguments."""
 
     name: str
     family: str
@@ -38,6 +41,7 @@ class Method:
     compiled: bool = False
     bf16: bool = False
     rule: str = "linear"
+    fmap: MethodConfig | None = None
 
     @property
     def variant(self) -> bool:
@@ -49,12 +53,20 @@ class Method:
         return self.family != "softmax"
 
 
+def _grid_method(name: str, family: str, table: tuple[int, int, int], **kwargs: int) -> Method:
+    """A shipped map of the grid: the registry's ``family`` built with ``kwargs``; ``table``:
+    its (p, rank, features) for the tables."""
+    return Method(name, family, *table, fmap=MethodConfig(name, family, tuple(kwargs.items())))
+
+
 def method_list(cfg: BenchConfig) -> list[Method]:
     """LLoPS for every (p, rank), BASED, Flatten, PolySketch, softmax; filtered by ``cfg.methods``."""
-    out = [Method(f"llops_p{p}_t{t}", "llops", p, t, cfg.m) for t in cfg.ranks for p in cfg.ps]
-    out += [Method(f"based_r{cfg.based_r}", "based", 2, 1, 1 + cfg.based_r + cfg.based_r ** 2),
-            Method(f"flatten_p{cfg.baseline_p}", "flatten", cfg.baseline_p, 1, cfg.m),
-            Method(f"polysketch_p{cfg.baseline_p}", "polysketch", cfg.baseline_p, 1, cfg.m),
+    b, bp = cfg.based_r, cfg.baseline_p
+    out = [_grid_method(f"llops_p{p}_t{t}", "llops", (p, t, cfg.m), m=cfg.m, p=p, rank=t)
+           for t in cfg.ranks for p in cfg.ps]
+    out += [_grid_method(f"based_r{b}", "based", (2, 1, 1 + b + b ** 2), r=b),
+            _grid_method(f"flatten_p{bp}", "flatten", (bp, 1, cfg.m), m=cfg.m, p=bp),
+            _grid_method(f"polysketch_p{bp}", "polysketch", (bp, 1, cfg.m), m=cfg.m, p=bp),
             Method("softmax", "softmax")]
     if cfg.rules:
         base = {m.name: m for m in out}.get(cfg.rule_base)
@@ -88,21 +100,14 @@ def method_list(cfg: BenchConfig) -> list[Method]:
     return out
 
 
-def build_feature_map(method: Method, cfg: BenchConfig) -> nn.Module:
+def build_feature_map(method: Method, cfg: BenchConfig) -> FeatureMap:
     """A fresh feature map of ``method`` for head dim ``cfg.head_dim``."""
-    d = cfg.head_dim
-    if method.family == "llops":
-        return LLoPS(d, m=cfg.m, p=method.p, rank=method.rank)
-    if method.family == "based":
-        return Based(d, r=cfg.based_r)
-    if method.family == "flatten":
-        return Flatten(d, m=cfg.m, p=method.p)
-    if method.family == "polysketch":
-        return PolySketch(d, m=cfg.m, p=method.p)
-    raise ValueError(f"{method.name} has no feature map")
+    if method.fmap is None:
+        raise ValueError(f"{method.name} has no feature map")
+    return method.fmap.build(cfg.head_dim)
 
 
-RULES = ("linear", "gated", "delta", "gated_delta")
+RULES = FEATURE_MIXERS  # the state updates a feature map is timed under
 DECAY, BETA = -0.01, 0.5  # the fixed per-token log-decay and β of the timed gated/delta forms
 
 

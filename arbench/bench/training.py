@@ -28,7 +28,6 @@ from arbench.bench.config import TrainSpec
 from arbench.bench.flops import (
     FWD_BWD_FACTOR,
     chunked_attention_flops,
-    feature_map_flops,
     linear_flops,
 )
 from arbench.bench.timing import Case, round_robin, summary
@@ -58,7 +57,7 @@ def mixer_flops(mixer: nn.Module, batch: int, seq: int) -> float:
         return 3 * linear_flops(tokens, d, d) + 2.0 * tokens * d * mixer.kernel_size
     if isinstance(mixer, LinearAttention):
         d = mixer.num_heads * mixer.head_dim
-        maps = seq * (feature_map_flops(mixer.phi_q) + feature_map_flops(mixer.phi_k))
+        maps = seq * (mixer.phi_q.flops_per_token() + mixer.phi_k.flops_per_token())
         normalized = mixer.normalize != "none"
         width = mixer.head_dim + (1 if normalized else 0)
         attn = chunked_attention_flops(seq, mixer.feature_dim, width, mixer.chunk_size, normalized)
