@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,54 @@ from arbench.approx.report import markdown_table, write_report
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
 from arbench.approx.synthetic import synthetic_qk
 from arbench.checks import check_writable
+from arbench.options import add_options, given, opt
+
+
+@dataclass(frozen=True)
+class ApproxConfig:
+    """The command's settings; every field is an option (:mod:`arbench.options`). One source of
+    queries and keys: ``teacher``, ``qk`` or ``synthetic``."""
+
+    teacher: str | None = opt(None, help="LitRecall checkpoint of a softmax teacher")
+    qk: str | None = opt(None, help="a saved extraction (.pt) instead of a teacher")
+    synthetic: bool = opt(False, help="synthetic queries and keys")
+    ps: tuple[int, ...] = opt((2, 3), help="kernel degrees", flag="--p")
+    m: int = opt(64, help="feature dimension")
+    layers: tuple[int, ...] = opt((), help="indices into model.blocks (default: every softmax "
+                                           "/ stored layer)")
+    heads: tuple[int, ...] = opt((), help="head indices (default: 0 / stored)")
+    ranks: tuple[int, ...] = opt((1, 2, 4, 8), help="LLoPS CP ranks t")
+    methods: tuple[str, ...] = opt(METHOD_KEYS, help="methods to fit", choices=METHOD_KEYS)
+    out: str = opt("results/approx", help="output folder")
+    steps: int = opt(2000, help="Adam steps per fit (cosine decay, seeded)")
+    lrs: tuple[float, ...] = opt((1e-2, 3e-2), flag="--lr", help="learning rates; each fitted "
+                                 "method keeps its best final train loss")
+    batch: int = opt(512, help="queries and keys per step")
+    init_ratio: float = opt(0.25, help="initial ‖Â‖/‖A‖ on the first batch (0: as built)")
+    seed: int = opt(0, help="seed of the split and the fits")
+    n_train: int = opt(2048, help="training tokens (q and k)")
+    n_test: int = opt(1024, help="held-out tokens (q and k)")
+    mlp_hidden: int = opt(256, help="hidden width of the 2-layer MLP maps")
+    explicit_max_dim: int = opt(20_000, help="build W* explicitly on ψ_p only up to this many "
+                                             "rows")
+    log_every: int = opt(0, help="loss line every N steps (0: off)")
+    threads: int = opt(1, help="torch CPU threads (1 is fastest for these small fits on a "
+                               "shared machine; 0 keeps torch's default)")
+    num_seqs: int = opt(32, help="held-out sequences to run")
+    seq_len: int = opt(128, help="sequence length")
+    num_kv_pairs: int = opt(16, help="MQAR pairs (teacher)")
+    data_seed: int = opt(10_000, help="MQAR seed (teacher)")
+    head_dim: int = opt(16, help="head dim (synthetic)")
+    save_qk: str | None = opt(None, help="also save the extraction here")
+
+    def study(self) -> StudyConfig:
+        """The study's configuration."""
+        fit = FitConfig(steps=self.steps, lr=self.lrs[0], batch=self.batch, seed=self.seed,
+                        init_ratio=self.init_ratio, log_every=self.log_every)
+        return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
+                           n_train=self.n_train, n_test=self.n_test, seed=self.seed,
+                           mlp_hidden=self.mlp_hidden, explicit_max_dim=self.explicit_max_dim,
+                           methods=self.methods)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,67 +73,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kernel-approximation study: RMAE of m-dimensional feature maps against "
                     "(q·k)^p on a softmax teacher's queries and keys, with the Eckart–Young "
                     "floor and LLoPS at several CP ranks t.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--teacher", metavar="CKPT", help="LitRecall checkpoint of a softmax teacher")
-    src.add_argument("--qk", metavar="FILE", help="a saved extraction (.pt) instead of a teacher")
-    src.add_argument("--synthetic", action="store_true", help="synthetic queries and keys")
-    ap.add_argument("--p", type=int, nargs="+", default=[2, 3], help="kernel degrees")
-    ap.add_argument("--m", type=int, default=64, help="feature dimension")
-    ap.add_argument("--layers", type=int, nargs="+",
-                    help="indices into model.blocks (default: every softmax / stored layer)")
-    ap.add_argument("--heads", type=int, nargs="+", help="head indices (default: 0 / stored)")
-    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="LLoPS CP ranks t")
-    ap.add_argument("--methods", nargs="+", choices=METHOD_KEYS, default=list(METHOD_KEYS))
-    ap.add_argument("--out", default="results/approx", help="output folder")
-    fit = ap.add_argument_group("fitting (Adam, cosine decay, seeded)")
-    fit.add_argument("--steps", type=int, default=2000)
-    fit.add_argument("--lr", type=float, nargs="+", default=[1e-2, 3e-2],
-                     help="learning rates; each fitted method keeps its best final train loss")
-    fit.add_argument("--batch", type=int, default=512, help="queries and keys per step")
-    fit.add_argument("--init-ratio", type=float, default=0.25,
-                     help="initial ‖Â‖/‖A‖ on the first batch (0: as built)")
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--n-train", type=int, default=2048, help="training tokens (q and k)")
-    fit.add_argument("--n-test", type=int, default=1024, help="held-out tokens (q and k)")
-    fit.add_argument("--mlp-hidden", type=int, default=256)
-    fit.add_argument("--explicit-max-dim", type=int, default=20_000,
-                     help="build W* explicitly on ψ_p only up to this many rows")
-    fit.add_argument("--log-every", type=int, default=0, help="loss line every N steps (0: off)")
-    fit.add_argument("--threads", type=int, default=1,
-                     help="torch CPU threads (1 is fastest for these small fits on a shared "
-                          "machine; 0 keeps torch's default)")
-    data = ap.add_argument_group("data")
-    data.add_argument("--num-seqs", type=int, default=32, help="held-out sequences to run")
-    data.add_argument("--seq-len", type=int, default=128)
-    data.add_argument("--num-kv-pairs", type=int, default=16, help="MQAR pairs (teacher)")
-    data.add_argument("--data-seed", type=int, default=10_000, help="MQAR seed (teacher)")
-    data.add_argument("--head-dim", type=int, default=16, help="head dim (synthetic)")
-    data.add_argument("--save-qk", metavar="FILE", help="also save the extraction here")
+    add_options(ap, ApproxConfig)
     return ap
 
 
-def load_source(args: argparse.Namespace) -> QKSet:
-    """The queries and keys the arguments ask for (teacher, saved file or synthetic)."""
-    if args.teacher:
-        model = load_teacher(args.teacher)
-        layers = args.layers if args.layers is not None else softmax_layers(model)
-        return extract_from_teacher(model, layers, args.heads or [0], args.num_seqs,
-                                    args.seq_len, args.num_kv_pairs, args.data_seed,
-                                    checkpoint=str(args.teacher))
-    if args.qk:
-        return load_qk(args.qk).select(args.layers, args.heads)
-    layers = args.layers if args.layers is not None else [0, 1, 2]
-    return synthetic_qk(layers, head_dim=args.head_dim, num_seqs=args.num_seqs,
-                        seq_len=args.seq_len, num_heads=max(args.heads or [0]) + 1,
-                        seed=args.data_seed).select(layers, args.heads or [0])
+def parse(argv: Sequence[str] | None) -> ApproxConfig:
+    """The configuration of ``argv``; ``ValueError`` unless exactly one source is given."""
+    cfg = ApproxConfig(**given(build_parser().parse_args(argv), ApproxConfig))
+    if [bool(cfg.teacher), bool(cfg.qk), cfg.synthetic].count(True) != 1:
+        raise ValueError("give exactly one of --teacher, --qk, --synthetic")
+    return cfg
 
 
-def notes(args: argparse.Namespace, qk: QKSet, config: StudyConfig) -> list[str]:
+def load_source(cfg: ApproxConfig) -> QKSet:
+    """The queries and keys ``cfg`` asks for (teacher, saved file or synthetic)."""
+    layers, heads = list(cfg.layers) or None, list(cfg.heads) or None
+    if cfg.teacher:
+        model = load_teacher(cfg.teacher)
+        return extract_from_teacher(model, layers or softmax_layers(model), heads or [0],
+                                    cfg.num_seqs, cfg.seq_len, cfg.num_kv_pairs, cfg.data_seed,
+                                    checkpoint=str(cfg.teacher))
+    if cfg.qk:
+        return load_qk(cfg.qk).select(layers, heads)
+    layers = layers if layers is not None else [0, 1, 2]
+    return synthetic_qk(layers, head_dim=cfg.head_dim, num_seqs=cfg.num_seqs,
+                        seq_len=cfg.seq_len, num_heads=max(heads or [0]) + 1,
+                        seed=cfg.data_seed).select(layers, heads or [0])
+
+
+def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
     """The settings block printed above the tables."""
     meta = qk.meta
     src = {"teacher": f"teacher checkpoint `{meta.get('checkpoint')}`",
            "synthetic": "synthetic queries/keys (power-law spectra, see arbench/approx/synthetic.py)"}
-    where = src.get(meta.get("source", ""), f"saved extraction `{args.qk}`")
+    where = src.get(meta.get("source", ""), f"saved extraction `{cfg.qk}`")
     return [
         f"Source: {where}; layers {qk.layers}, heads {qk.heads}, head dim d = {qk.head_dim}.",
         f"m = {config.m} features; LLoPS CP ranks t = {list(config.ranks)}; p = {list(config.ps)}.",
@@ -116,29 +138,23 @@ def notes(args: argparse.Namespace, qk: QKSet, config: StudyConfig) -> list[str]
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse, run the study, write the outputs; raises ``ValueError`` for bad input."""
-    args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    fit = FitConfig(steps=args.steps, lr=args.lr[0], batch=args.batch, seed=args.seed,
-                    init_ratio=args.init_ratio, log_every=args.log_every)
-    config = StudyConfig(ps=tuple(args.p), m=args.m, ranks=tuple(args.ranks), fit=fit,
-                         lrs=tuple(args.lr),
-                         n_train=args.n_train, n_test=args.n_test, seed=args.seed,
-                         mlp_hidden=args.mlp_hidden, explicit_max_dim=args.explicit_max_dim,
-                         methods=tuple(args.methods))
+    cfg = parse(argv)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    config = cfg.study()
     check_settings(config)  # fail before any extraction work
-    check_writable(args.out, "--out")
-    if args.save_qk:
-        check_writable(Path(args.save_qk).parent, "--save-qk")
-    qk = load_source(args)
-    if args.save_qk:
-        print(f"saved queries/keys to {save_qk(qk, args.save_qk)}")
+    check_writable(cfg.out, "--out")
+    if cfg.save_qk:
+        check_writable(Path(cfg.save_qk).parent, "--save-qk")
+    qk = load_source(cfg)
+    if cfg.save_qk:
+        print(f"saved queries/keys to {save_qk(qk, cfg.save_qk)}")
 
     def log(line: str) -> None:
         print(line, flush=True)
 
     records = run_study(qk, config, log)
-    paths = write_report(records, args.out, notes(args, qk, config))
+    paths = write_report(records, cfg.out, notes(cfg, qk, config))
     print()
     print(markdown_table(records, "rmae"))
     print()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
+
+from arbench.options import opt
 
 
 @dataclass(frozen=True)
@@ -34,58 +36,59 @@ def default_device() -> str:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Everything a run depends on. Sizes: ``seq_lens`` tokens, ``head_dim``/``m`` per head.
+    """Everything a run depends on; the fields with a help text are the options of
+    ``python -m arbench.bench`` (:mod:`arbench.options`). Sizes: ``seq_lens`` tokens,
+    ``head_dim``/``m`` per head. A timed round visits every case once, methods in rotated
+    order; linear twins: ``<name>_compiled`` (``compile``), ``<name>_bf16`` (``bf16``), and
+    ``<rule>_<rule_base>`` for each state update in ``rules``."""
 
-    ``repeats``: timed rounds (each round visits every case once, methods in rotated order).
-    ``min_sample_s``: a timed sample loops a case until it lasts at least this long (seconds).
-    ``chunk_sizes``: candidates for the chunked form; with several, the fastest at
-    ``tune_n`` tokens is used. ``cp_block_rows``: candidates for the rows per block of the
-    CP-polynomial feature maps (``arbench.kernels.cp_block_rows``; 0 = one block), tuned
-    the same way on the LLoPS layers (CPU only). ``train_samples``: timed steps per training
-    size and head.
-    ``softmax_bwd_max_n``: softmax forward+backward is skipped above this n (on 2 CPU cores
-    SDPA's backward takes ~10 s at n = 16384); 0 = never skipped.
-    ``normalize``: the linear layers' denominator; ``"none"`` is the recall model's default.
-    ``compile``: linear methods that also run through ``torch.compile`` (as ``<name>_compiled``,
-    plus an ``answer_compiled`` training head); ``("all",)`` = every linear method.
-    ``rules``: state updates timed beside the additive one, on the ``rule_base`` method's
-    feature maps (as ``<rule>_<base>``): ``gated`` (decaying state), ``delta`` and
-    ``gated_delta`` (the delta rule, f and g L2-normalised as the mixers do).
-    ``bf16``: methods that also run under bf16 autocast (as ``<name>_bf16``, plus an
-    ``answer_bf16`` training head and the bf16 matmul reference); ``("all",)`` = every method.
-    """
-
-    seq_lens: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
-    batch: int = 1
-    heads: int = 1
-    head_dim: int = 128
-    m: int = 256
-    ps: tuple[int, ...] = (2, 4, 6)
-    ranks: tuple[int, ...] = (1, 4)
-    based_r: int = 16
-    baseline_p: int = 4
-    chunk_sizes: tuple[int, ...] = (64, 128, 256)
-    tune_n: int = 8192
-    cp_block_rows: tuple[int, ...] = (0, 512, 1024, 2048)
-    normalize: str = "none"
-    softmax_bwd_max_n: int = 4096
-    device: str = field(default_factory=default_device)
-    repeats: int = 5
-    min_sample_s: float = 0.05
-    matmul_size: int = 4096
+    seq_lens: tuple[int, ...] = opt((1024, 2048, 4096, 8192, 16384), help="tokens", at_least=1)
+    batch: int = opt(1, help="batch size", at_least=1)
+    heads: int = opt(1, help="heads", at_least=1)
+    head_dim: int = opt(128, help="head dim d", at_least=1)
+    m: int = opt(256, help="features m of LLoPS/Flatten/PolySketch", at_least=1)
+    ps: tuple[int, ...] = opt((2, 4, 6), help="LLoPS degrees", flag="--p", at_least=1)
+    ranks: tuple[int, ...] = opt((1, 4), help="LLoPS CP ranks t", at_least=1)
+    based_r: int = opt(16, help="BASED r", at_least=1)
+    baseline_p: int = opt(4, help="Flatten/PolySketch p", at_least=1)
+    chunk_sizes: tuple[int, ...] = opt(
+        (64, 128, 256), at_least=1,
+        help="chunk sizes of the chunked form to tune over (the fastest at --tune-n tokens is "
+             "used); one value = no tuning")
+    tune_n: int = opt(8192, help="tokens for chunk and block tuning", at_least=1)
+    cp_block_rows: tuple[int, ...] = opt(
+        (0, 512, 1024, 2048), at_least=0,
+        help="rows per block of the LLoPS/PolySketch feature maps to tune over on a CPU "
+             "(arbench.kernels.cp_block_rows; 0 = one block); one value = no tuning")
+    normalize: str = opt("none", help="denominator of the linear layers (none: the recall "
+                                      "model's default)", choices=("signed", "abs", "none"))
+    softmax_bwd_max_n: int = opt(4096, at_least=0,
+                                 help="skip softmax forward+backward above this n; 0 = never")
+    device: str = opt(help="cpu, cuda, cuda:1, ...", default_factory=default_device)
+    repeats: int = opt(5, help="timed rounds", at_least=1)
+    min_sample_s: float = opt(0.05, at_least=0,
+                              help="a timed sample loops a case until it lasts this long (s)")
+    matmul_size: int = opt(4096, help="matmul reference size", at_least=1)
     matmul_repeats: int = 7
     check_n: int = 256
-    methods: tuple[str, ...] = ()
-    compile: tuple[str, ...] = ()
-    bf16: tuple[str, ...] = ()
+    methods: tuple[str, ...] = opt((), help="only these methods (e.g. llops_p4_t1 softmax)")
+    compile: tuple[str, ...] = opt(
+        (), nargs="*", if_empty=("all",),
+        help="also time these linear methods (none named: all) through torch.compile, as "
+             "<name>_compiled, and a compiled training step")
+    bf16: tuple[str, ...] = opt(
+        (), nargs="*", if_empty=("all",),
+        help="also time these methods (none named: all) under bf16 autocast, as <name>_bf16, "
+             "with the bf16 matmul reference and a bf16 training step")
     rules: tuple[str, ...] = ("gated", "delta", "gated_delta")
     rule_base: str = "llops_p2_t1"
-    memory: bool = True
-    train: bool = True
+    memory: bool = opt(True, help="measure peak memory")
+    train: bool = opt(True, help="measure the training throughput")
     train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN)
-    train_samples: int = 8
-    out_dir: str = "results/bench"
-    seed: int = 0
+    train_samples: int = opt(8, help="timed training steps per size and head", at_least=1)
+    out_dir: str = opt("results/bench", help="output directory (smoke: results/bench_smoke)",
+                       flag="--out")
+    seed: int = opt(0, help="seed")
     smoke: bool = False
 
 

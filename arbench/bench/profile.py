@@ -28,7 +28,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ from arbench.bench.training import build_model, make_step
 from arbench.data.mqar import generate_mqar
 from arbench.kernels import keep_heap
 from arbench.optim import make_adamw
+from arbench.options import add_options, given, opt
 
 MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm",
           "aten::linear", "aten::matmul")
@@ -151,20 +152,27 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class ProfileConfig:
+    """The options of ``python -m arbench.bench.profile`` (:mod:`arbench.options`)."""
+
+    out: str = opt("results/bench", help="output directory")
+    steps: int = opt(5, help="training steps profiled", at_least=1)
+    n: int = opt(8192, help="tokens of the layer cases", at_least=1)
+    chunk: int = opt(128, help="chunk size of the layer cases (what the committed benchmark "
+                               "run picked)", at_least=1)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m arbench.bench.profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/bench", help="output directory")
-    ap.add_argument("--steps", type=int, default=5, help="training steps profiled (default 5)")
-    ap.add_argument("--n", type=int, default=8192, help="tokens of the layer cases (default 8192)")
-    ap.add_argument("--chunk", type=int, default=128, help="chunk size of the layer cases "
-                    "(default 128, what the committed benchmark run picked)")
+    add_options(ap, ProfileConfig)
     argv = sys.argv[1:] if argv is None else argv
-    args = ap.parse_args(argv)
-    for opt in ("steps", "n", "chunk"):
-        if getattr(args, opt) < 1:
-            print(f"error: --{opt} must be >= 1, got {getattr(args, opt)}", file=sys.stderr)
-            raise SystemExit(2)
+    try:
+        args = ProfileConfig(**given(ap.parse_args(argv), ProfileConfig))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     heap_kept = keep_heap()
     peak = matmul_throughput("cpu", 4096, 5)["median"]
     result = {"command": "python -m arbench.bench.profile" + (f" {' '.join(argv)}" if argv else ""),

@@ -27,7 +27,8 @@ from arbench.bench.layers import (
     skip_reason,
 )
 from arbench.bench.memory import MiB, measure_memory
-from arbench.bench.report import target_checks, write_outputs
+from arbench.bench.report import write_outputs
+from arbench.bench.targets import target_checks
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
 from arbench.kernels import cp_block_rows, keep_heap
