@@ -45,13 +45,15 @@ FEATURE_MIXERS = tuple(name for name, cls in MIXERS.items()
 
 
 def feature_map_class(name: str) -> type[FeatureMap]:
-    """The class of a registry name (``llops``) or a dotted path (``mypackage.MyMap``);
-    ``ValueError`` unless it names a :class:`FeatureMap` subclass."""
+    """The class of a registry name (``llops``), a dotted path (``mypackage.MyMap``) or a
+    class of :mod:`arbench.featuremaps` (``LLoPS``); ``ValueError`` unless it names a
+    :class:`FeatureMap` subclass."""
     if name in FEATURE_MAPS:
         return FEATURE_MAPS[name]
     module, _, attr = name.rpartition(".")
+    module = module or "arbench.featuremaps"
     try:
-        cls = getattr(importlib.import_module(module), attr) if module else None
+        cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"cannot import feature map {name!r}: {err}") from None
     if not (isinstance(cls, type) and issubclass(cls, FeatureMap)):

@@ -18,6 +18,7 @@ from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_s
 from arbench.approx.synthetic import synthetic_qk
 from arbench.checks import check_writable
 from arbench.options import add_options, given, opt
+from arbench.registry import load_method_config
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class ApproxConfig:
     heads: tuple[int, ...] = opt((), help="head indices (default: 0 / stored)")
     ranks: tuple[int, ...] = opt((1, 2, 4, 8), help="LLoPS CP ranks t")
     methods: tuple[str, ...] = opt(METHOD_KEYS, help="methods to fit", choices=METHOD_KEYS)
+    method_configs: tuple[str, ...] = opt(
+        (), flag="--method-config", repeat=True,
+        help="also fit the feature map of this method config (its model.feature_map block, "
+             "e.g. configs/p4.yaml; repeatable), a row named by its run name")
     out: str = opt("results/approx", help="output folder")
     steps: int = opt(2000, help="Adam steps per fit (cosine decay, seeded)")
     lrs: tuple[float, ...] = opt((1e-2, 3e-2), flag="--lr", help="learning rates; each fitted "
@@ -64,7 +69,8 @@ class ApproxConfig:
         return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
                            n_train=self.n_train, n_test=self.n_test, seed=self.seed,
                            mlp_hidden=self.mlp_hidden, explicit_max_dim=self.explicit_max_dim,
-                           methods=self.methods)
+                           methods=self.methods,
+                           method_configs=tuple(map(load_method_config, self.method_configs)))
 
 
 def build_parser() -> argparse.ArgumentParser:

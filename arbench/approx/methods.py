@@ -16,6 +16,7 @@ from torch import nn
 
 from arbench.approx.kernels import check_p, monomial_count, symmetric_power
 from arbench.featuremaps import Flatten, LLoPS, PolySketch
+from arbench.registry import MethodConfig
 
 
 class KernelPair(nn.Module):
@@ -127,14 +128,25 @@ def based_pair(d: int, m: int, p: int) -> KernelPair | None:
                       fitted=True, rescale=scale_homogeneous(p), detail=f"r={r}")
 
 
+def config_pair(d: int, method: MethodConfig) -> KernelPair:
+    """A method config's feature map (``--method-config``): φ_K starts as a copy of φ_Q and is
+    fitted separately when the map has trainable parameters (no rescaling rule)."""
+    phi_q = method.build(d)
+    fitted = any(prm.requires_grad for prm in phi_q.parameters())
+    return KernelPair(method.name, phi_q, copy.deepcopy(phi_q), phi_q.feature_dim, fitted,
+                      detail=type(phi_q).__name__)
+
+
 PairBuilder = Callable[[], KernelPair | None]
 
 
 def method_builders(d: int, m: int, p: int, ranks: list[int], seed: int = 0,
-                    mlp_hidden: int = 256) -> list[tuple[str, str, PairBuilder]]:
+                    mlp_hidden: int = 256, configs: tuple[MethodConfig, ...] = (),
+                    ) -> list[tuple[str, str, PairBuilder]]:
     """``(method key, row name, builder)`` for every method of the study, in table order.
 
-    Keys: ``polysketch``, ``mlp``, ``flatten``, ``based``, ``llops`` (one row per rank t).
+    Keys: ``polysketch``, ``mlp``, ``flatten``, ``based``, ``llops`` (one row per rank t),
+    ``config`` (one row per method config, named by its run name).
     """
     builders: list[tuple[str, str, PairBuilder]] = [
         ("polysketch", "PolySketchFormer", lambda: polysketch_pair(d, m, p, seed)),
@@ -144,4 +156,6 @@ def method_builders(d: int, m: int, p: int, ranks: list[int], seed: int = 0,
     ]
     for t in ranks:
         builders.append(("llops", f"LLoPS t={t}", lambda t=t: llops_pair(d, m, p, t)))
+    for method in configs:
+        builders.append(("config", method.name, lambda method=method: config_pair(d, method)))
     return builders

@@ -21,6 +21,7 @@ from arbench.approx.kernels import check_p, monomial_count, poly_kernel
 from arbench.approx.methods import method_builders
 from arbench.approx.metrics import rel_frobenius, rmae
 from arbench.approx.qkset import QKSet
+from arbench.registry import MethodConfig
 
 Log = Callable[[str], None]
 
@@ -46,6 +47,7 @@ class StudyConfig:
     mlp_hidden: int = 256
     explicit_max_dim: int = 20_000
     methods: tuple[str, ...] = METHOD_KEYS
+    method_configs: tuple[MethodConfig, ...] = ()  # fitted beside ``methods``
 
 
 @dataclass
@@ -167,8 +169,8 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
     a = poly_kernel(split.q_test.double(), split.k_test.double(), p)
     out = []
     for key, name, build in method_builders(d, config.m, p, list(config.ranks), config.seed,
-                                            config.mlp_hidden):
-        if key not in config.methods:
+                                            config.mlp_hidden, config.method_configs):
+        if key not in (*config.methods, "config"):
             continue
         tag = f"[L{layer} h{head} p={p}] {name}"
         fitted = fit_best(build, split.q_train, split.k_train, lambda x, y: poly_kernel(x, y, p),

@@ -72,6 +72,11 @@ class BenchConfig:
     matmul_repeats: int = 7
     check_n: int = 256
     methods: tuple[str, ...] = opt((), help="only these methods (e.g. llops_p4_t1 softmax)")
+    method_configs: tuple[str, ...] = opt(
+        (), flag="--method-config", repeat=True,
+        help="also benchmark the feature map of this method config (its model.feature_map "
+             "block, e.g. configs/p4.yaml; repeatable), named by its run name; with it only "
+             "the --methods named run beside it")
     compile: tuple[str, ...] = opt(
         (), nargs="*", if_empty=("all",),
         help="also time these linear methods (none named: all) through torch.compile, as "

@@ -22,7 +22,7 @@ from arbench.bench.flops import (
     softmax_attention_flops,
 )
 from arbench.featuremaps import FeatureMap
-from arbench.registry import FEATURE_MIXERS, MethodConfig
+from arbench.registry import FEATURE_MAPS, FEATURE_MIXERS, MethodConfig, load_method_config
 
 PASSES = ("fwd", "fwd_bwd")
 
@@ -59,8 +59,20 @@ def _grid_method(name: str, family: str, table: tuple[int, int, int], **kwargs: 
     return Method(name, family, *table, fmap=MethodConfig(name, family, tuple(kwargs.items())))
 
 
+def config_method(method: MethodConfig, cfg: BenchConfig) -> Method:
+    """The feature map of a method config as a method of the grid (family: its registry name,
+    else ``custom``; p, rank and features from its ``hparams()``)."""
+    fmap = method.build(cfg.head_dim)
+    hp = fmap.hparams()
+    family = next((k for k, c in FEATURE_MAPS.items() if type(fmap) is c), "custom")
+    return Method(method.name, family, int(hp.get("p", 0)), int(hp.get("rank", 1)),
+                  fmap.feature_dim, fmap=method)
+
+
 def method_list(cfg: BenchConfig) -> list[Method]:
-    """LLoPS for every (p, rank), BASED, Flatten, PolySketch, softmax; filtered by ``cfg.methods``."""
+    """LLoPS for every (p, rank), BASED, Flatten, PolySketch, softmax and the maps of
+    ``cfg.method_configs``; filtered by ``cfg.methods`` (with method configs: those and the
+    configs' maps)."""
     b, bp = cfg.based_r, cfg.baseline_p
     out = [_grid_method(f"llops_p{p}_t{t}", "llops", (p, t, cfg.m), m=cfg.m, p=p, rank=t)
            for t in cfg.ranks for p in cfg.ps]
@@ -68,6 +80,12 @@ def method_list(cfg: BenchConfig) -> list[Method]:
             _grid_method(f"flatten_p{bp}", "flatten", (bp, 1, cfg.m), m=cfg.m, p=bp),
             _grid_method(f"polysketch_p{bp}", "polysketch", (bp, 1, cfg.m), m=cfg.m, p=bp),
             Method("softmax", "softmax")]
+    configs = [config_method(load_method_config(path), cfg) for path in cfg.method_configs]
+    clash = [m.name for m in configs if [c.name for c in out + configs].count(m.name) > 1]
+    if clash:
+        raise ValueError(f"method name {clash[0]!r} is taken: give the method config another "
+                         "trainer.logger.init_args.name")
+    out += configs
     if cfg.rules:
         base = {m.name: m for m in out}.get(cfg.rule_base)
         if base is None or not base.linear:
@@ -77,11 +95,12 @@ def method_list(cfg: BenchConfig) -> list[Method]:
         if unknown:
             raise ValueError(f"unknown state updates {sorted(unknown)}; choose from {RULES}")
         out += [replace(base, name=f"{rule}_{base.name}", rule=rule) for rule in cfg.rules]
-    if cfg.methods:
+    if cfg.methods or configs:
         unknown = set(cfg.methods) - {m.name for m in out}
         if unknown:
             raise ValueError(f"unknown methods {sorted(unknown)}; choose from {[m.name for m in out]}")
-        out = [m for m in out if m.name in cfg.methods]
+        keep = set(cfg.methods) | {m.name for m in configs}
+        out = [m for m in out if m.name in keep]
     if cfg.compile:
         linear = {m.name: m for m in out if m.linear}
         names = list(linear) if cfg.compile == ("all",) else list(cfg.compile)

@@ -131,7 +131,12 @@ def measure_memory(cfg: BenchConfig, chunk_size: int) -> dict:
     if torch.device(cfg.device).type == "cuda":
         return {**measure_all(cfg, chunk_size), "method": "torch.cuda.max_memory_allocated"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    # the worker imports what this process can (a method config's feature map may live in a
+    # folder put on sys.path); the interpreter's own folders it finds by itself
+    own = (sys.prefix, sys.base_prefix)
+    extra = [p for p in sys.path if p and not p.startswith(own)]
+    path = os.pathsep.join(dict.fromkeys(p for p in (root, *extra,
+                                                     os.environ.get("PYTHONPATH", "")) if p))
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": path}
     request = json.dumps({"config": config_to_dict(cfg), "chunk_size": chunk_size})
     proc = subprocess.run([sys.executable, "-m", "arbench.bench.memory"], input=request,
