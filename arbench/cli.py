@@ -1,8 +1,10 @@
 """``python main.py {fit,validate,test} --config ...``: LightningCLI over LitRecall and the data.
 
-Several ``--config`` files merge left to right, so a method config and a size profile compose::
+A method config, a size config and a profile compose (they set disjoint keys, so their order
+does not matter)::
 
-    python main.py fit --config configs/p4.yaml --config configs/profiles/smoke.yaml
+    python main.py fit --config configs/p4.yaml --config configs/profiles/smoke.yaml \
+        --config configs/sizes/tiny.yaml
 
 Bad input stops before anything is written, with one line ``error: ...`` on stderr: config
 files and parser errors (:mod:`arbench.cli_errors`), a checkpoint that disagrees with the

@@ -1,5 +1,5 @@
-"""``python -m sweeps run SPEC [--profile P] [--storage URL] [--workers N] [--trials N]
-[--retry-failed]``, ``python -m sweeps report SPEC``, ``python -m sweeps status``.
+"""``python -m sweeps run SPEC [--profile P] [--size S] [--storage URL] [--workers N]
+[--trials N] [--retry-failed]``, ``python -m sweeps report SPEC``, ``python -m sweeps status``.
 
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
@@ -46,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run (or resume) a sweep")
     run.add_argument("spec")
     run.add_argument("--profile", help="smoke | cpu | paper (default: the spec's)")
+    run.add_argument("--size", help="a model size of configs/sizes/, e.g. tiny (default: the "
+                                    "spec's, else the model's default size)")
     run.add_argument("--workers", type=int, default=1, help="worker processes on this machine")
     run.add_argument("--trials", type=int, help="stop each worker after this many trials")
     run.add_argument("--runs", default="runs", help="root folder of the trials' runs")
@@ -74,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SpecError("--workers must be >= 1")
     check_writable(args.runs, "--runs")
-    spec = load_spec(args.spec, args.profile)
+    spec = load_spec(args.spec, args.profile, args.size)
     if args.retry_failed and spec.sampler != "grid":
         raise SpecError("--retry-failed needs a grid sweep (sampler: grid)")
     storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace)

@@ -5,10 +5,12 @@ A spec::
     study: p_ablation                  # Optuna study name (runs/<study>/ holds its runs)
     configs: [configs/p4.yaml]         # method config(s), as main.py takes them
     profile: cpu                       # configs/profiles/<profile>.yaml (``--profile`` overrides)
-    grid:                              # Cartesian product; any main.py key
-      model.feature_map.init_args.p: [2, 4, 6]
-      seed_everything: [0, 1, 2]
-      "model.feature_map.init_args.rank,model.feature_map.init_args.m": [[1, 256], [2, 128]]
+    size: tiny                         # configs/sizes/<size>.yaml (``--size`` overrides; none:
+                                       # the model's default size)
+    grid:                              # Cartesian product; any main.py key, or an alias
+      p: [2, 4, 6]                     # = model.feature_map.init_args.p
+      seed: [0, 1, 2]                  # = seed_everything
+      "rank,m": [[1, 256], [2, 128]]   # = model.feature_map.init_args.rank, ...m
     lr: [1.0e-3, 3.0e-3]               # learning-rate sub-grid of every point (model.lr)
     objective: {metric: val/acc, direction: maximize}
     sampler: grid                      # grid | tpe | random (then n_trials)
@@ -19,7 +21,9 @@ A spec::
     claims:                            # paper claims checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
 
-A grid key ``config`` takes config file paths (a method per value), or lists of paths that
+Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_model``, ``lr``
+(``model.lr``) and ``seed`` (``seed_everything``) stand for their full keys, which the study
+records. A grid key ``config`` takes config file paths (a method per value), or lists of paths that
 compose (a method and an overlay). Keys joined by commas vary together (zipped), for budgets
 such as a fixed m·t. A value ``best:<study>`` stands for the last checkpoint of that finished
 study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
@@ -37,9 +41,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-ALLOWED = {"study", "configs", "profile", "grid", "lr", "objective", "sampler", "n_trials",
-           "pruner", "args", "profiles", "storage", "description", "plots", "paper",
+ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
+           "n_trials", "pruner", "args", "profiles", "storage", "description", "plots", "paper",
            "claims"}
+ALIASES = {"p": "model.feature_map.init_args.p", "m": "model.feature_map.init_args.m",
+           "rank": "model.feature_map.init_args.rank", "d_model": "model.d_model",
+           "lr": "model.lr", "seed": "seed_everything"}
+"""Short grid keys and the main.py keys they stand for."""
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "halving", "threshold")
 
@@ -92,6 +100,7 @@ class SweepSpec:
     profile: str
     grid: dict[str, list[Any]]
     lr: list[float]
+    size: str | None = None
     metric: str = "val/acc"
     direction: str = "maximize"
     sampler: str = "grid"
@@ -106,6 +115,10 @@ class SweepSpec:
     @property
     def profile_path(self) -> str:
         return str(ROOT / "configs" / "profiles" / f"{self.profile}.yaml")
+
+    @property
+    def size_path(self) -> str | None:
+        return None if self.size is None else str(ROOT / "configs" / "sizes" / f"{self.size}.yaml")
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point (lr included) as ``{key: value}``, zipped keys split apart."""
@@ -137,9 +150,20 @@ def _resolve(path: str) -> str:
     return str(p)
 
 
+def _expand_aliases(key: str) -> str:
+    """``"rank,m"`` → the full keys, comma-joined (:data:`ALIASES`)."""
+    return ",".join(ALIASES.get(k.strip(), k.strip()) for k in key.split(","))
+
+
 def _check_grid(grid: Any) -> dict[str, list[Any]]:
     if not isinstance(grid, dict) or not grid:
         raise SpecError("grid must be a non-empty mapping of config keys to lists of values")
+    expanded = {_expand_aliases(str(key)): values for key, values in grid.items()}
+    names = [k for key in grid for k in _expand_aliases(str(key)).split(",")]
+    twice = sorted({k for k in names if names.count(k) > 1})
+    if twice:
+        raise SpecError(f"grid sets {twice[0]} twice (an alias and its full key?)")
+    grid = expanded
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise SpecError(f"grid.{key} must be a non-empty list")
@@ -184,8 +208,8 @@ def _check_claims(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
-def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
-    """Read and validate a spec; ``profile`` overrides the spec's own."""
+def load_spec(path: str | Path, profile: str | None = None, size: str | None = None) -> SweepSpec:
+    """Read and validate a spec; ``profile`` and ``size`` override the spec's own."""
     path = Path(path)
     if not path.exists():
         raise SpecError(f"sweep spec not found: {path}")
@@ -207,6 +231,9 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
     merged = {**raw, **overrides}
     if not (ROOT / "configs" / "profiles" / f"{profile}.yaml").exists():
         raise SpecError(f"unknown profile {profile!r}: no configs/profiles/{profile}.yaml")
+    size = size or merged.get("size")
+    if size is not None and not (ROOT / "configs" / "sizes" / f"{size}.yaml").exists():
+        raise SpecError(f"unknown size {size!r}: no configs/sizes/{size}.yaml")
     if not isinstance(merged.get("study"), str) or not merged["study"]:
         raise SpecError("study must be a non-empty name")
     grid = _check_grid(merged.get("grid"))
@@ -214,6 +241,8 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
         grid = {**grid, "config": [[_resolve(x) for x in c] if isinstance(c, list) else
                                    _resolve(c) for c in grid["config"]]}
     lr = merged.get("lr") or []
+    if lr and "model.lr" in {k for key in grid for k in key.split(",")}:
+        raise SpecError("the learning rate is both in the grid and the lr: sub-grid; give one")
     if not isinstance(lr, list) or not all(isinstance(x, (int, float)) and math.isfinite(x)
                                            and x > 0 for x in lr):
         raise SpecError("lr must be a list of positive numbers")
@@ -233,7 +262,7 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
         raise SpecError("args must be a list of main.py arguments")
     return SweepSpec(path=path, study=merged["study"],
                      configs=[_resolve(c) for c in merged.get("configs") or []],
-                     profile=profile, grid=grid, lr=[float(x) for x in lr],
+                     profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
                      metric=objective.get("metric", "val/acc"), direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),

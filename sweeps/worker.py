@@ -53,7 +53,8 @@ def trial_name(params: dict[str, Any]) -> str:
 
 
 def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str) -> list[str]:
-    """``main.py`` arguments (no subcommand) of one trial: configs, profile, the point's keys."""
+    """``main.py`` arguments (no subcommand) of one trial: configs, size, profile, the point's
+    keys."""
     args: list[str] = []
     for cfg in spec.configs:
         args += ["--config", cfg]
@@ -61,6 +62,8 @@ def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str
         cfgs = params["config"]
         for cfg in cfgs if isinstance(cfgs, (list, tuple)) else [cfgs]:
             args += ["--config", str(cfg)]
+    if spec.size_path:
+        args += ["--config", spec.size_path]
     args += ["--config", spec.profile_path, *spec.args]
     for key, value in params.items():
         if key != "config":  # strings go bare: jsonargparse would keep JSON's quotes

@@ -7,3 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def config(name: str) -> str:
     return str(ROOT / "configs" / name)
+
+
+SMOKE = ["--config", config("profiles/smoke.yaml"), "--config", config("sizes/tiny.yaml")]
+"""main.py arguments for a seconds-long run: the smoke profile at the tiny size."""

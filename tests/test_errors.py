@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from paths import ROOT, config
+from paths import ROOT, SMOKE, config
 
 from arbench.cli import run
 
-SMOKE = config("profiles/smoke.yaml")
-P4 = ["--config", config("p4.yaml"), "--config", SMOKE]
+P4 = ["--config", config("p4.yaml"), *SMOKE]
 FAST = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
         "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false"]
@@ -46,7 +45,7 @@ def p4_ckpt(tmp_path_factory) -> Path:
 
 # ---- case 1, 2: a checkpoint must match the configuration ----------------------------------
 def test_ckpt_of_another_method_is_refused(in_tmp, capsys, p4_ckpt):
-    line = one_error(capsys, ["test", "--config", config("based.yaml"), "--config", SMOKE,
+    line = one_error(capsys, ["test", "--config", config("based.yaml"), *SMOKE,
                               "--ckpt_path", str(p4_ckpt)])
     assert "model.feature_map.class_path=arbench.featuremaps.LLoPS" in line
     assert "the config has arbench.featuremaps.Based" in line

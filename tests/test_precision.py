@@ -4,7 +4,7 @@ from functools import partial
 
 import pytest
 import torch
-from paths import config
+from paths import SMOKE, config
 
 from arbench import precision
 from arbench.attention import linear_attention
@@ -13,7 +13,6 @@ from arbench.featuremaps import Based, Flatten, LLoPS, PolySketch
 from arbench.mixers import ShortConv
 
 BF16 = torch.bfloat16
-SMOKE = config("profiles/smoke.yaml")
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -145,7 +144,7 @@ def test_smoke_fit_bf16_mixed(in_tmp, name):
     # m = 32: seconds even where bf16 matmuls are emulated (no native bf16 on the CPU)
     small = [] if name in ("based.yaml", "softmax.yaml") else ["--model.feature_map.init_args.m",
                                                                "32"]
-    cli = run(["fit", "--config", config(name), "--config", SMOKE, *small,
+    cli = run(["fit", "--config", config(name), *SMOKE, *small,
                "--trainer.max_steps", "6",
                "--trainer.val_check_interval", "6", "--trainer.precision", "bf16-mixed",
                "--trainer.enable_progress_bar", "false"])

@@ -1,14 +1,12 @@
 import json
 
-from paths import config
+from paths import SMOKE, config
 
 from arbench.cli import run
 
-SMOKE = config("profiles/smoke.yaml")
-
 
 def fit(max_steps: int, *extra: str) -> None:
-    run(["fit", "--config", config("p4.yaml"), "--config", SMOKE, "--trainer.max_steps",
+    run(["fit", "--config", config("p4.yaml"), *SMOKE, "--trainer.max_steps",
          str(max_steps), "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar",
          "false", *extra])
 

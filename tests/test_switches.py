@@ -2,11 +2,9 @@
 
 import pytest
 import torch
-from paths import config
+from paths import SMOKE, config
 
 from arbench.cli import run
-
-SMOKE = config("profiles/smoke.yaml")
 
 
 @pytest.mark.parametrize("switch", [
@@ -17,7 +15,7 @@ SMOKE = config("profiles/smoke.yaml")
     ["--model.feature_map.init_args.temperature", "1.0"],
 ], ids=["qk_norm", "affine", "no_fm_decay", "square_denominator", "temperature"])
 def test_switch_trains_at_smoke_size(in_tmp, switch):
-    cli = run(["fit", "--config", config("p4.yaml"), "--config", SMOKE, *switch,
+    cli = run(["fit", "--config", config("p4.yaml"), *SMOKE, *switch,
                "--trainer.max_steps", "6", "--trainer.val_check_interval", "6",
                "--trainer.enable_progress_bar", "false"])
     assert cli.trainer.global_step == 6

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
-from paths import config
+from paths import SMOKE, config
 
 from arbench.cli import run
 
-SMOKE = config("profiles/smoke.yaml")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 AFFINE = ["--model.feature_map.init_args.affine", "true"]
 
@@ -15,13 +14,13 @@ AFFINE = ["--model.feature_map.init_args.affine", "true"]
 def based_ckpt(tmp_path_factory):
     """One BASED smoke run (10 steps) that every test starts from."""
     root = tmp_path_factory.mktemp("based")
-    run(["fit", "--config", config("based.yaml"), "--config", SMOKE, "--trainer.max_steps", "10",
+    run(["fit", "--config", config("based.yaml"), *SMOKE, "--trainer.max_steps", "10",
          "--trainer.logger.init_args.save_dir", str(root / "runs"), *QUIET])
     return str(root / "runs/based/checkpoints/last.ckpt")
 
 
 def validate(method: str, *args: str) -> float:
-    cli = run(["validate", "--config", config(method), "--config", SMOKE, *args, *QUIET])
+    cli = run(["validate", "--config", config(method), *SMOKE, *args, *QUIET])
     return float(cli.trainer.callback_metrics["val/acc"])
 
 
@@ -33,7 +32,7 @@ def test_embedded_llops_validates_like_the_based_checkpoint(based_ckpt, in_tmp, 
 
 
 def test_fit_continues_from_based_with_a_fresh_optimizer(based_ckpt, in_tmp, capsys):
-    cli = run(["fit", "--config", config("p2.yaml"), "--config", SMOKE, *AFFINE,
+    cli = run(["fit", "--config", config("p2.yaml"), *SMOKE, *AFFINE,
                "--model.init_from", based_ckpt, "--model.init_spare_std", "0.01",
                "--trainer.max_steps", "4", *QUIET])
     assert cli.trainer.global_step == 4
@@ -51,7 +50,7 @@ def test_fit_continues_from_based_with_a_fresh_optimizer(based_ckpt, in_tmp, cap
 ])
 def test_incompatible_checkpoint_one_line(based_ckpt, in_tmp, capsys, args, needle):
     with pytest.raises(SystemExit) as exc:
-        run(["fit", "--config", args[0], "--config", SMOKE, *args[1:], "--model.init_from",
+        run(["fit", "--config", args[0], *SMOKE, *args[1:], "--model.init_from",
              based_ckpt, "--trainer.max_steps", "2", *QUIET])
     assert exc.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -60,7 +59,7 @@ def test_incompatible_checkpoint_one_line(based_ckpt, in_tmp, capsys, args, need
 
 def test_missing_checkpoint_one_line(in_tmp, capsys):
     with pytest.raises(SystemExit):
-        run(["fit", "--config", config("based.yaml"), "--config", SMOKE, "--model.init_from",
+        run(["fit", "--config", config("based.yaml"), *SMOKE, "--model.init_from",
              "nope.ckpt", "--trainer.max_steps", "2", *QUIET])
     assert "error: init_from: no checkpoint at nope.ckpt" in capsys.readouterr().err
 
@@ -73,7 +72,8 @@ def test_init_from_in_a_sweep(based_ckpt, tmp_path):
     import optuna
     import yaml
 
-    spec = {"study": "warm", "configs": [config("p2.yaml")], "profile": "smoke", "lr": [3e-3],
+    spec = {"study": "warm", "configs": [config("p2.yaml")], "profile": "smoke", "size": "tiny",
+            "lr": [3e-3],
             "grid": {"model.init_from": [based_ckpt], "seed_everything": [0]},
             "args": ["--trainer.max_steps=3", "--trainer.val_check_interval=3",
                      "--model.feature_map.init_args.affine=true"]}

@@ -17,8 +17,8 @@ FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=3"]
 
 
 def write_spec(tmp: Path, study: str, grid: dict, **extra) -> Path:
-    spec = {"study": study, "configs": [config("p4.yaml")], "profile": "smoke", "grid": grid,
-            "lr": [3.0e-3], "args": FAST, **extra}
+    spec = {"study": study, "configs": [config("p4.yaml")], "profile": "smoke", "size": "tiny",
+            "grid": grid, "lr": [3.0e-3], "args": FAST, **extra}
     path = tmp / f"{study}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -36,6 +36,24 @@ def completed_points(study: str, url: str) -> Counter:
 
 
 GRID4 = {"model.feature_map.init_args.p": [2, 3], "seed_everything": [0, 1]}
+
+
+def test_grid_aliases_stand_for_full_keys(tmp_path):
+    spec = load_spec(write_spec(tmp_path, "alias", {"p": [2, 4], "seed": [0], "rank,m": [[1, 8]],
+                                                   "d_model": [16]}, lr=[]), size="tiny")
+    assert spec.points()[0] == {"model.feature_map.init_args.p": 2, "seed_everything": 0,
+                                "model.feature_map.init_args.rank": 1,
+                                "model.feature_map.init_args.m": 8, "model.d_model": 16}
+    assert spec.size_path.endswith("configs/sizes/tiny.yaml")
+    with_lr = load_spec(write_spec(tmp_path, "alias_lr", {"lr": [1e-3, 3e-3]}, lr=[]))
+    assert [pt["model.lr"] for pt in with_lr.points()] == [1e-3, 3e-3]
+    for grid, needle in (({"p": [2], "model.feature_map.init_args.p": [4]}, "sets "
+                          "model.feature_map.init_args.p twice"),
+                         ({"lr": [1e-3]}, "both in the grid and the lr: sub-grid")):
+        with pytest.raises(SpecError, match=needle):
+            load_spec(write_spec(tmp_path, "bad", grid))
+    with pytest.raises(SpecError, match="unknown size 'huge': no configs/sizes/huge.yaml"):
+        load_spec(write_spec(tmp_path, "alias", {"p": [2]}), size="huge")
 
 
 def test_points_cartesian_and_zipped():
@@ -271,8 +289,8 @@ def test_report_flags_and_one_row_per_run(tmp_path):
 def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     spec = str(ROOT / "sweeps/paper_gpu.yaml")
-    sweep("run", spec, "--profile", "smoke", "--storage", url, "--runs", str(tmp_path / "runs"),
-          cwd=tmp_path, check=True)
+    sweep("run", spec, "--profile", "smoke", "--size", "tiny", "--storage", url, "--runs",
+          str(tmp_path / "runs"), cwd=tmp_path, check=True)
     sweep("report", spec, "--profile", "smoke", "--storage", url, "--out",
           str(tmp_path / "results"), cwd=tmp_path, check=True)
     table = (tmp_path / "results/paper_gpu/table.md").read_text()

@@ -6,13 +6,11 @@ import math
 import textwrap
 
 import pytest
-from paths import config
+from paths import SMOKE, config
 
 from arbench.cli import run
 from arbench.featuremaps import LLoPS
 from arbench.registry import FEATURE_MAPS, feature_map_class, load_method_config
-
-SMOKE = config("profiles/smoke.yaml")
 
 OUTSIDE = '''
 import torch
@@ -55,7 +53,7 @@ def outside(tmp_path, monkeypatch):
 
 
 def test_outside_map_trains_in_fit(outside, in_tmp):
-    cli = run(["fit", "--config", outside, "--config", SMOKE, "--trainer.max_steps", "4",
+    cli = run(["fit", "--config", outside, *SMOKE, "--trainer.max_steps", "4",
                "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false"])
     assert cli.trainer.global_step == 4
     assert type(cli.model.model.blocks[1].mixer.phi_q).__name__ == "CosineMap"

@@ -1,0 +1,71 @@
+"""Configs with one job each: method configs name the mixers, the feature map and the run;
+size configs (configs/sizes/) the model size; profiles the data, trainer and optimiser budget.
+No key is set by two kinds, so the order of --config files does not change the model."""
+
+import itertools
+
+import pytest
+import yaml
+from paths import ROOT, config
+
+from arbench.cli import run
+
+CONFIGS = ROOT / "configs"
+METHODS = sorted(CONFIGS.glob("*.yaml"))
+SIZES = sorted((CONFIGS / "sizes").glob("*.yaml"))
+PROFILES = sorted((CONFIGS / "profiles").glob("*.yaml"))
+OPTIMISER = {"lr", "weight_decay", "warmup_steps", "min_lr_ratio", "feature_map_weight_decay"}
+
+
+def load(path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize("path", METHODS, ids=lambda p: p.name)
+def test_method_configs_hold_mixers_feature_map_and_run_name(path):
+    raw = load(path)
+    assert set(raw) <= {"model", "trainer"}
+    assert set(raw["model"]) <= {"mixers", "feature_map"}
+    assert set(raw["trainer"]) == {"logger"} and set(raw["trainer"]["logger"]) == {"init_args"}
+    assert set(raw["trainer"]["logger"]["init_args"]) == {"name"}
+
+
+@pytest.mark.parametrize("path", SIZES, ids=lambda p: p.name)
+def test_size_configs_hold_the_model_size(path):
+    raw = load(path)
+    assert set(raw) == {"model"} and set(raw["model"]) <= {"d_model", "num_heads", "n_layers"}
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_profiles_hold_data_trainer_and_optimiser_budget(path):
+    raw = load(path)
+    assert set(raw) <= {"data", "trainer", "model"}
+    assert set(raw.get("model", {})) <= OPTIMISER
+
+
+def model_section(capsys, files: list[str]) -> dict:
+    with pytest.raises(SystemExit):
+        run(["fit", *itertools.chain.from_iterable(("--config", f) for f in files),
+             "--print_config"])
+    return yaml.safe_load(capsys.readouterr().out)["model"]
+
+
+@pytest.mark.parametrize("files", [
+    [config("p4.yaml"), config("profiles/cpu.yaml")],
+    [config("p4.yaml"), config("profiles/smoke.yaml"), config("sizes/tiny.yaml")],
+    [config("teacher.yaml"), config("sizes/teacher.yaml"), config("profiles/cpu.yaml")],
+])
+def test_order_of_config_files_does_not_change_the_model(capsys, files):
+    models = [model_section(capsys, list(order)) for order in itertools.permutations(files)]
+    assert all(m == models[0] for m in models)
+
+
+def test_method_and_profile_train_the_default_size(capsys):
+    """p4 with the cpu profile: the model's default size, d_model 128 and one head, as the
+    method configs used to state."""
+    model = model_section(capsys, [config("p4.yaml"), config("profiles/cpu.yaml")])
+    assert (model["d_model"], model["num_heads"], model["n_layers"]) == (128, 1, 2)
+    assert model["feature_map"]["init_args"]["p"] == 4 and model["lr"] == 3.0e-3
+    tiny = model_section(capsys, [config("p4.yaml"), config("profiles/smoke.yaml"),
+                                  config("sizes/tiny.yaml")])
+    assert tiny["d_model"] == 32
