@@ -39,9 +39,9 @@ class LitRecall(L.LightningModule):
     ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at the last training step.
 
     ``compile=True`` runs the model body (embedding, blocks, final norm) through
-    ``torch.compile``: a one-off compile of 10–30 s, then a faster step (on 2 CPU cores the
-    LLoPS p=4 step of the ``cpu`` profile took 0.95× the eager time; results/bench/compile).
-    The head stays eager (it gathers the answer positions, a data-dependent shape).
+    ``torch.compile``: a one-off compile, then one graph per shape (how it compared with eager
+    mode: results/bench/compile/ and results/kernels.md). The head stays eager (it gathers the
+    answer positions, a data-dependent shape).
 
     ``init_from``: a checkpoint of another run to start from (:func:`arbench.warmstart.warm_start`:
     shared weights copied, a BASED map embedded exactly into this model's affine LLoPS map,

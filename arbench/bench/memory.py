@@ -69,7 +69,7 @@ def rss_peak_bytes(fn: Callable[[], None]) -> float:
 
     The kernel updates VmHWM lazily (when pages are unmapped), so it can read below the current
     VmRSS: the peak is the larger of the two after the call. Tensors are freed by reference
-    counting; ``gc.collect`` is left to the caller (it costs ~50 ms with torch loaded)."""
+    counting; ``gc.collect`` (slow with torch loaded) is left to the caller."""
     _malloc_trim()
     before = _status_kib("VmRSS")
     with open(_CLEAR_REFS, "w") as fh:
