@@ -13,7 +13,7 @@ from arbench.cli import run
 SMOKE = config("profiles/smoke.yaml")
 ALL_CONFIGS = ["p2.yaml", "p4.yaml", "p6.yaml", "based.yaml", "flatten.yaml", "polysketch.yaml",
                "softmax.yaml", "rank.yaml", "teacher.yaml", "deltanet.yaml",
-               "gated_deltanet.yaml", "elu.yaml"]
+               "gated_deltanet.yaml", "elu.yaml", "zoology_based.yaml", "zoology_p4.yaml"]
 PROFILES = ["profiles/smoke.yaml", "profiles/cpu.yaml", "profiles/paper.yaml"]
 
 

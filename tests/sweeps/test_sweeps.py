@@ -49,9 +49,7 @@ def test_points_cartesian_and_zipped():
     assert (8, 32) in cpu and (8, 256) not in cpu
 
 
-@pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
-                                  "normalize", "calibration", "paper_gpu", "diagnosis",
-                                  "state_updates", "warmstart_based", "warmstart"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")))
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
