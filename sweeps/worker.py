@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
@@ -252,18 +253,52 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def suggest_fixed(trial: optuna.Trial, key: str, value: Any, options: list[Any],
+                  recorded: Any) -> Any:
+    """Record a queued grid value. Numbers get a one-value int or float distribution, which
+    Optuna lets differ between trials, so a study can later gain lrs or seeds
+    (:mod:`sweeps.widen`); other values (config paths, lists) are categorical over the spec's
+    ``options``. ``recorded``: the key's distribution in the study so far, if any (a study
+    made before numbers were recorded so keeps its categorical choices)."""
+    if is_number(value) and not isinstance(recorded, CategoricalDistribution):
+        if isinstance(value, int):
+            return trial.suggest_int(key, value, value)
+        return trial.suggest_float(key, value, value)
+    if isinstance(recorded, CategoricalDistribution):
+        options = list(recorded.choices)
+    if value not in options:
+        options = [*options, value]
+    return trial.suggest_categorical(key, options)
+
+
+def recorded_distributions(study: optuna.Study) -> dict[str, Any]:
+    """Each param's distribution in the study's earliest trial that has it."""
+    out: dict[str, Any] = {}
+    for t in study.get_trials(deepcopy=False):
+        for key, dist in t.distributions.items():
+            out.setdefault(key, dist)
+    return out
+
+
 def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> dict[str, Any]:
     """The trial's grid point, recorded as Optuna params (kept as-is for a retried trial)."""
     frozen = storage.get_trial(trial._trial_id)
     params = dict(frozen.params)
     fixed = frozen.system_attrs.get("fixed_params") or {}
     choices = spec.choices()
+    recorded = recorded_distributions(trial.study) if fixed else {}
     for key in fixed or choices:
-        if key not in params:
-            options = list(choices.get(key, []))
-            if key in fixed and fixed[key] not in options:
-                options.append(fixed[key])
-            params[key] = trial.suggest_categorical(key, options)
+        if key in params:
+            continue
+        if key in fixed:
+            params[key] = suggest_fixed(trial, key, fixed[key], list(choices.get(key, [])),
+                                        recorded.get(key))
+        else:
+            params[key] = trial.suggest_categorical(key, choices[key])
     return params
 
 
