@@ -325,11 +325,16 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
 
 
 def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:
-    """``results/<study>/table.md``, ``table.csv`` and the spec's plots."""
+    """``results/<study>/table.md``, ``table.csv``, ``runs.csv``, ``halving.md`` (the lr
+    sub-grid under successive halving, :mod:`sweeps.halving`) and the spec's plots."""
     out = results / spec.study
     out.mkdir(parents=True, exist_ok=True)
     table = rows(spec, storage)
     paths = write_table(spec, table, out) + [write_runs(spec, storage, out)]
+    from sweeps.halving import write_halving
+
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    paths += write_halving(spec, study.get_trials(deepcopy=False), out)
     plots = spec.plots or [{"x": "state_size", "series": "feature_map", "xscale": "log"}]
     paths += [write_plot(table, plot, out) for plot in plots]
     return paths
