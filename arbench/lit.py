@@ -114,6 +114,8 @@ class LitRecall(L.LightningModule):
                   state_size=self.state_size())
         hp["seed"] = -1 if self.hparams.seed is None else int(self.hparams.seed)
         hp["init_from"] = self.hparams.init_from or ""
+        hp["block"] = self.hparams.block
+        hp["init_std"] = "default" if self.hparams.init_std is None else f"{self.hparams.init_std:g}"
         fm_decay = self.hparams.feature_map_weight_decay
         hp["feature_map_weight_decay"] = self.hparams.weight_decay if fm_decay is None \
             else fm_decay

@@ -18,6 +18,10 @@ A spec::
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
     claims:                            # paper claims checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
+      # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
+    plots:                             # accuracy against an hparam, one line per series
+      - {x: p, series: feature_map, name: acc_vs_p}
+      - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
 
 A grid key ``config`` takes config file paths (a method per value), or lists of paths that
 compose (a method and an overlay). Keys joined by commas vary together (zipped), for budgets
@@ -171,16 +175,23 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
 
 
 def _check_claims(value: Any) -> list[dict[str, Any]]:
-    """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``."""
+    """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``, and
+    optionally ``paper_gain:`` a name in ``sweeps.paper.PAPER_GAINS`` to print beside it."""
+    from sweeps.paper import PAPER_GAINS
+
     if value is None:
         return []
     if not isinstance(value, list):
         raise SpecError("claims must be a list of {name, better, worse} mappings")
     for i, claim in enumerate(value):
-        if not (isinstance(claim, dict) and set(claim) == {"name", "better", "worse"}
+        if not (isinstance(claim, dict) and {"name", "better", "worse"} <= set(claim)
+                <= {"name", "better", "worse", "paper_gain"}
                 and isinstance(claim["better"], dict) and isinstance(claim["worse"], dict)):
             raise SpecError(f"claims[{i}] must be a mapping of name, better: {{hparam: value}} "
-                            "and worse: {hparam: value}")
+                            "and worse: {hparam: value} (and optionally paper_gain)")
+        if "paper_gain" in claim and claim["paper_gain"] not in PAPER_GAINS:
+            raise SpecError(f"claims[{i}].paper_gain must be one of {sorted(PAPER_GAINS)}, "
+                            f"got {claim['paper_gain']!r}")
     return list(value)
 
 
