@@ -91,12 +91,22 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
     return optuna.samplers.RandomSampler(seed=0)
 
 
+def study_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
+    """The spec's pruner; on a grid, deciding within each bracket (``sweeps.pruning``)."""
+    pruner = make_pruner(spec.pruner, spec.pruner_args)
+    if spec.sampler == "grid" and spec.pruner != "none":
+        from sweeps.pruning import BracketPruner
+
+        return BracketPruner(pruner)
+    return pruner
+
+
 def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
     """Create (or open) the spec's study with its sampler and pruner."""
     study = optuna.create_study(study_name=spec.study, storage=storage,
                                 sampler=make_sampler(spec),
-                                pruner=make_pruner(spec.pruner, spec.pruner_args),
-                                direction=spec.direction, load_if_exists=True)
+                                pruner=study_pruner(spec), direction=spec.direction,
+                                load_if_exists=True)
     study.set_user_attr("spec", str(spec.path))
     study.set_user_attr("profile", spec.profile)
     return study
@@ -364,7 +374,7 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
         print(f"[{time.strftime('%H:%M:%S')} {worker}] {msg}", flush=True)
 
     study = optuna.load_study(study_name=spec.study, storage=storage, sampler=make_sampler(spec),
-                              pruner=make_pruner(spec.pruner, spec.pruner_args))
+                              pruner=study_pruner(spec))
     done = 0
     while max_trials is None or done < max_trials:
         fail_stale_trials(study)
