@@ -253,7 +253,7 @@ def flags(row: dict[str, Any]) -> str:
 
 
 RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged",
-              "collapsed_at", "wall_time_s", "fail_reason")
+              "collapsed_at", "wall_time_s", "fail_reason", "reused_from")
 
 
 def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
@@ -271,7 +271,7 @@ def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                     "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
                     "steps": ua.get("global_step"), "converged": ua.get("converged"),
                     "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
-                    "fail_reason": ua.get("fail_reason")})
+                    "fail_reason": ua.get("fail_reason"), "reused_from": ua.get("reused_from")})
     return out
 
 

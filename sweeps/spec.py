@@ -19,6 +19,7 @@ A spec::
     claims:                            # paper claims checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
       # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
+    reuse: [p_ablation]                # finished runs of these studies stand for equal points
     plots:                             # accuracy against an hparam, one line per series
       - {x: p, series: feature_map, name: acc_vs_p}
       - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
@@ -43,7 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "grid", "lr", "objective", "sampler", "n_trials",
            "pruner", "args", "profiles", "storage", "description", "plots", "paper",
-           "claims"}
+           "claims", "reuse"}
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "halving", "threshold")
 
@@ -106,6 +107,7 @@ class SweepSpec:
     storage: str | None = None
     plots: list[dict[str, Any]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    reuse: list[str] = field(default_factory=list)
 
     @property
     def profile_path(self) -> str:
@@ -239,6 +241,9 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
     n_trials = merged.get("n_trials")
     if sampler != "grid" and not (isinstance(n_trials, int) and n_trials > 0):
         raise SpecError(f"sampler {sampler} needs n_trials, a positive integer")
+    reuse = merged.get("reuse") or []
+    if not (isinstance(reuse, list) and all(isinstance(x, str) and x for x in reuse)):
+        raise SpecError("reuse must be a list of study names")
     args = merged.get("args") or []
     if not isinstance(args, list):
         raise SpecError("args must be a list of main.py arguments")
@@ -249,4 +254,4 @@ def load_spec(path: str | Path, profile: str | None = None) -> SweepSpec:
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
-                     claims=_check_claims(merged.get("claims")))
+                     claims=_check_claims(merged.get("claims")), reuse=list(reuse))

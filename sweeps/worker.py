@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
@@ -204,15 +204,36 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
     with queue_lock(storage, spec.study):
         drop_legacy_locks(storage, spec.study)
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
-        queued = 0
-        for point in spec.points():
-            if point not in existing:
+        new = [point for point in spec.points() if point not in existing]
+        reused = reuse_points(study, spec, new, storage)
+        for i, point in enumerate(new):
+            if i not in reused:
                 study.enqueue_trial(point, skip_if_exists=False)
-                queued += 1
         failed = failed_points(study) if retry_failed else []
         for trial in failed:
             requeue(study, trial)
-    return queued, len(failed)
+    return len(new) - len(reused), len(failed)
+
+
+def reuse_points(study: optuna.Study, spec: SweepSpec, points: list[dict[str, Any]],
+                 storage: RDBStorage) -> dict[int, Any]:
+    """Record the ``points`` a finished run of a ``reuse:`` study stands for
+    (:mod:`sweeps.reuse`) as complete trials; returns them by index."""
+    if not spec.reuse or not points:
+        return {}
+    from sweeps.reuse import matches, reuse_trial
+
+    found = matches(spec, points, storage)
+    choices, recorded = spec.choices(), recorded_distributions(study)
+    for i, source in found.items():
+        point = points[i]
+        dists = {k: fixed_distribution(v, list(choices.get(k, [])), recorded.get(k))
+                 for k, v in point.items()}
+        study.add_trial(reuse_trial(point, source, dists))
+    if found:
+        names = sorted({f"{s}#{t.number}" for s, t in found.values()})
+        print(f"reused {len(found)} finished run(s): {', '.join(names)}", flush=True)
+    return found
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
@@ -267,22 +288,30 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def suggest_fixed(trial: optuna.Trial, key: str, value: Any, options: list[Any],
-                  recorded: Any) -> Any:
-    """Record a queued grid value. Numbers get a one-value int or float distribution, which
-    Optuna lets differ between trials, so a study can later gain lrs or seeds
-    (:mod:`sweeps.widen`); other values (config paths, lists) are categorical over the spec's
-    ``options``. ``recorded``: the key's distribution in the study so far, if any (a study
-    made before numbers were recorded so keeps its categorical choices)."""
+def fixed_distribution(value: Any, options: list[Any], recorded: Any) -> Any:
+    """The distribution a queued grid value is recorded with. Numbers get a one-value int or
+    float distribution, which Optuna lets differ between trials, so a study can later gain
+    lrs or seeds (:mod:`sweeps.widen`); other values (config paths) are categorical over the
+    spec's ``options``. ``recorded``: the key's distribution in the study so far, if any (a
+    study made before numbers were recorded so keeps its categorical choices)."""
     if is_number(value) and not isinstance(recorded, CategoricalDistribution):
         if isinstance(value, int):
-            return trial.suggest_int(key, value, value)
-        return trial.suggest_float(key, value, value)
+            return IntDistribution(value, value)
+        return FloatDistribution(float(value), float(value))
     if isinstance(recorded, CategoricalDistribution):
         options = list(recorded.choices)
-    if value not in options:
-        options = [*options, value]
-    return trial.suggest_categorical(key, options)
+    return CategoricalDistribution(options if value in options else [*options, value])
+
+
+def suggest_fixed(trial: optuna.Trial, key: str, value: Any, options: list[Any],
+                  recorded: Any) -> Any:
+    """Record a queued grid value with :func:`fixed_distribution`."""
+    dist = fixed_distribution(value, options, recorded)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(key, value, value)
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(key, value, value)
+    return trial.suggest_categorical(key, list(dist.choices))
 
 
 def recorded_distributions(study: optuna.Study) -> dict[str, Any]:
