@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 
 from sweeps.report import VARYING, best_lr, by_point_and_lr
 from sweeps.spec import SweepSpec
-from sweeps.worker import grid_point, is_number, queue_lock
+from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
 
 BUSY = (TrialState.WAITING, TrialState.RUNNING)
 
@@ -100,11 +100,14 @@ def lift_numeric_params(storage: RDBStorage, study_name: str) -> int:
 
 def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str, Any]]:
     """Queue :func:`widened_points` (under the grid's queue lock; a study recorded with
-    categorical numbers is lifted first); returns what was queued."""
+    categorical numbers is lifted first; a run a ``reuse:`` study has is recorded from it);
+    returns the widened points."""
     with queue_lock(storage, spec.study):
         lift_numeric_params(storage, spec.study)
         study = optuna.load_study(study_name=spec.study, storage=storage)
         points = widened_points(study, spec, max_added)
-        for point in points:
-            study.enqueue_trial(point, skip_if_exists=False)
+        reused = reuse_points(study, spec, points, storage)
+        for i, point in enumerate(points):
+            if i not in reused:
+                study.enqueue_trial(point, skip_if_exists=False)
     return points
