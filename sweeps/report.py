@@ -337,16 +337,9 @@ def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -
                               f"(lr {r['best_lr']:g}, n={r['n']})")
         ax.fill_between(steps, [100 * v for v in lo], [100 * v for v in hi], alpha=0.15,
                         color=line.get_color())
-    ax.set_xlabel("training step")
-    ax.set_ylabel("val accuracy % (mean over seeds; range shaded)")
-    ax.set_title(plot.get("title", "learning curves at each point's best lr"))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / f"{plot.get('name', 'learning_curves')}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_plot(fig, ax, "training step", "val accuracy % (mean over seeds; range shaded)",
+                       plot.get("title", "learning curves at each point's best lr"),
+                       out / f"{plot.get('name', 'learning_curves')}.png", legend_size=7)
 
 
 def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
@@ -387,13 +380,22 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
         if 0 < len(xs) <= 8:  # label the grid's own values, not powers of ten
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(x_key)
-    ax.set_ylabel("accuracy % (mean ± std over seeds)")
-    ax.set_title(plot.get("title", f"accuracy vs {x_key}"))
+    return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+                       plot.get("title", f"accuracy vs {x_key}"),
+                       out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
+
+
+def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+                legend_size: int = 8) -> Path:
+    """Label, grid and legend ``ax``, save ``fig`` to ``path`` (120 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    path = out / f"{plot.get('name', 'acc_vs_' + x_key)}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
