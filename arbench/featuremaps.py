@@ -195,15 +195,15 @@ class LLoPS(FeatureMap):
         """An affine rank-1 LLoPS map with the same kernel as ``based`` (built for each of a
         layer's query and key maps, the pair reproduces the BASED layer exactly).
 
-        With x̃ = x Wᵀ (``based.proj``), the columns are: one constant 1 (every factor θ = 0,
-        c = 1); r linear terms r^(−1/4)·x̃_i; and r(r+1)/2 quadratic terms s_ij·x̃_i·x̃_j for
-        i ≤ j, with s_ii = (2r)^(−1/2) and s_ij = r^(−1/2) (the pair i < j stands for both
-        orders), so φ(q)·φ(k) = 1 + s + s²/2 with s = q̃·k̃/√r. Factors a term does not use are
-        the constant 1 (θ = 0, c = 1): with p = 4, two of the four factors of a quadratic
-        column. ``m`` (default 1 + r + r(r+1)/2, 153 at r = 16) may be larger: the spare
-        columns start at θ ~ N(0, spare_std²) and c = 0 in every factor: exactly 0 (and, with
-        zero gradient, dead) for ``spare_std = 0``; with a small ``spare_std`` they perturb the
-        kernel by O(spare_std^(2p)) and can learn.
+        With x̃ = x Wᵀ (W = ``based.projection()``), the columns are: one constant 1 (every
+        factor θ = 0, c = 1); r linear terms r^(−1/4)·x̃_i; and r(r+1)/2 quadratic terms
+        s_ij·x̃_i·x̃_j for i ≤ j, with s_ii = (2r)^(−1/2) and s_ij = r^(−1/2) (the pair i < j
+        stands for both orders), so φ(q)·φ(k) = 1 + s + s²/2 with s = q̃·k̃/√r. Factors a
+        term does not use are the constant 1 (θ = 0, c = 1): with p = 4, two of the four
+        factors of a quadratic column. ``m`` (default 1 + r + r(r+1)/2, 153 at r = 16) may be
+        larger: the spare columns start at θ ~ N(0, spare_std²) and c = 0 in every factor:
+        exactly 0 (and, with zero gradient, dead) for ``spare_std = 0``; with a small
+        ``spare_std`` they perturb the kernel by O(spare_std^(2p)) and can learn.
         """
         r = based.r
         need = 1 + r + r * (r + 1) // 2
@@ -214,7 +214,7 @@ class LLoPS(FeatureMap):
         if m < need:
             raise ValueError(f"from_based needs m >= 1 + r + r(r+1)/2 = {need} for r={r}, "
                              f"got m={m}")
-        w = based.proj.weight.detach()  # (r, head_dim)
+        w = based.projection().detach()  # (r, head_dim)
         out = cls(based.head_dim, m=m, p=p, rank=1, affine=True).to(w.device, w.dtype)
         theta = torch.zeros_like(out.theta)  # (1, p, head_dim, m)
         bias = torch.zeros_like(out.bias)  # (1, p, m)
@@ -269,26 +269,40 @@ class Based(FeatureMap):
 
     φ(x) = [1, x̃ / r^{1/4}, vec(x̃ x̃ᵀ) / (√2·√r)], so φ(q)·φ(k) = 1 + s + s²/2 with
     s = q̃·k̃ / √r. ``feature_dim = 1 + r + r²`` (273 for r = 16).
+
+    ``project=False``: x̃ = x itself (no W; ``r`` must equal ``head_dim``), as zoology's Based
+    layer does after projecting ``d_model`` straight to r (``model.qk_dim``).
     """
 
-    def __init__(self, head_dim: int, r: int = 16):
+    def __init__(self, head_dim: int, r: int = 16, project: bool = True):
         super().__init__()
         self.head_dim = _require_int("head_dim", head_dim)
         self.r = _require_int("r", r)
+        if not project and r != head_dim:
+            raise ValueError(f"Based(project=False) uses q and k as they come: r must equal "
+                             f"their head dimension {head_dim} (model.qk_dim / num_heads), "
+                             f"got r={r}")
         self.feature_dim = 1 + r + r * r
-        self.proj = nn.Linear(head_dim, r, bias=False)
+        self.proj = nn.Linear(head_dim, r, bias=False) if project else None
+
+    def projection(self) -> torch.Tensor:
+        """W as an ``(r, head_dim)`` matrix (the identity when ``project=False``)."""
+        if self.proj is None:
+            return torch.eye(self.r)
+        return self.proj.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xt = self.proj(x)
+        xt = x if self.proj is None else self.proj(x)
         a, b = self.r ** -0.25, (2.0 * self.r) ** -0.5
         if not use_cpu_kernels(xt):
             return taylor_features(xt, a, b)
         return kernels.taylor_features(xt, a, b)
 
     def flops_per_token(self) -> float:
-        """Projection ``2·d·r``, scaling ``r``, outer product and its scaling ``2·r²``."""
+        """Projection ``2·d·r`` (none when ``project=False``), scaling ``r``, outer product
+        and its scaling ``2·r²``."""
         r = self.r
-        return 2.0 * self.head_dim * r + r + 2.0 * r * r
+        return (0.0 if self.proj is None else 2.0 * self.head_dim * r) + r + 2.0 * r * r
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Based", "m": self.feature_dim, "r": self.r, "p": 2, "rank": 1}

@@ -43,6 +43,10 @@ class LitRecall(L.LightningModule):
     mode: results/bench/compile/ and results/kernels.md). The head stays eager (it gathers the
     answer positions, a data-dependent shape).
 
+    Backbone options of :class:`~arbench.model.RecallModel`: ``qk_dim`` (width of q and k,
+    default ``d_model``), ``attention_eps`` (the denominator's floor), ``block`` (``prenorm``
+    or ``zoology``) and ``init_std`` (N(0, init_std²) for every linear map and the embedding).
+
     ``init_from``: a checkpoint of another run to start from (:func:`arbench.warmstart.warm_start`:
     shared weights copied, a BASED map embedded exactly into this model's affine LLoPS map,
     spare feature columns at ``N(0, init_spare_std²)``), applied at set-up unless the trainer
@@ -58,7 +62,8 @@ class LitRecall(L.LightningModule):
                  weight_decay: float = 0.1, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
                  compile: bool = False, seed: int | None = None, init_from: str | None = None,
                  init_spare_std: float = 0.0, feature_map_weight_decay: float | None = None,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, qk_dim: int | None = None, attention_eps: float = 1e-6,
+                 block: str = "prenorm", init_std: float | None = None):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -74,7 +79,8 @@ class LitRecall(L.LightningModule):
             num_heads=num_heads, feature_map=feature_map, normalize=normalize,
             output_norm=output_norm, chunk_size=chunk_size, attention_mode=attention_mode,
             conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings,
-            qk_norm=qk_norm)
+            qk_norm=qk_norm, qk_dim=qk_dim, attention_eps=attention_eps, block=block,
+            init_std=init_std)
         if compile:
             self.model.compile_body()
         self.val_acc = MeanMetric()
@@ -108,6 +114,8 @@ class LitRecall(L.LightningModule):
                   state_size=self.state_size())
         hp["seed"] = -1 if self.hparams.seed is None else int(self.hparams.seed)
         hp["init_from"] = self.hparams.init_from or ""
+        hp["block"] = self.hparams.block
+        hp["init_std"] = "default" if self.hparams.init_std is None else f"{self.hparams.init_std:g}"
         fm_decay = self.hparams.feature_map_weight_decay
         hp["feature_map_weight_decay"] = self.hparams.weight_decay if fm_decay is None \
             else fm_decay

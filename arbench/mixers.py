@@ -46,28 +46,37 @@ class FeatureMapAttention(nn.Module):
     ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
     update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``.
     ``qk_norm``: q and k go through a LayerNorm without affine parameters (zero mean, unit
-    variance per head vector) before φ, as PolySketchFormer and fla's learnable PolySketch do."""
+    variance per head vector) before φ, as PolySketchFormer and fla's learnable PolySketch do.
+    ``qk_dim``: the width of q and k over all heads (default ``d_model``); zoology's Based
+    projects ``d_model`` straight to its r = 16 (``qk_dim=16`` with ``Based(project=False)``).
+    Values keep ``d_model``."""
 
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
-                 use_norm: bool, chunk_size: int, mode: str, qk_norm: bool = False):
+                 use_norm: bool, chunk_size: int, mode: str, qk_norm: bool = False,
+                 qk_dim: int | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(d_model, num_heads)
+        self.qk_dim = d_model if qk_dim is None else qk_dim
+        if self.qk_dim < 1 or self.qk_dim % num_heads:
+            raise ValueError(f"qk_dim={self.qk_dim} must be a positive multiple of "
+                             f"num_heads={num_heads}")
+        self.qk_head_dim = self.qk_dim // num_heads
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.mode, self.chunk_size = mode, chunk_size
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.qkv = nn.Linear(d_model, 2 * self.qk_dim + d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
-        self.phi_q = feature_map(self.head_dim)
-        self.phi_k = feature_map(self.head_dim)
+        self.phi_q = feature_map(self.qk_head_dim)
+        self.phi_k = feature_map(self.qk_head_dim)
         if not isinstance(self.phi_q, nn.Module) or not hasattr(self.phi_q, "feature_dim"):
             raise ValueError("feature_map must build an nn.Module with a feature_dim attribute")
         self.norm = nn.RMSNorm(self.head_dim) if use_norm else nn.Identity()
         self.qk_norm = bool(qk_norm)
 
     def normalize_qk(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` ``(b, h, n, head_dim)`` through the affine-free LayerNorm when ``qk_norm``."""
-        return F.layer_norm(t, (self.head_dim,)) if self.qk_norm else t
+        """``t`` ``(b, h, n, qk_head_dim)`` through the affine-free LayerNorm when ``qk_norm``."""
+        return F.layer_norm(t, (self.qk_head_dim,)) if self.qk_norm else t
 
     @property
     def feature_dim(self) -> int:
@@ -80,7 +89,9 @@ class FeatureMapAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        qkv = self.qkv(x)
+        sizes = [self.qk_dim, self.qk_dim, qkv.shape[-1] - 2 * self.qk_dim]
+        q, k, v = (split_heads(t, self.num_heads) for t in qkv.split(sizes, dim=-1))
         y = self.mix(x, self.phi_q(self.normalize_qk(q)), self.phi_k(self.normalize_qk(k)), v)
         if isinstance(self.norm, nn.RMSNorm):  # in its weight's dtype: fp32 under autocast
             y = self.norm(y.to(self.norm.weight.dtype))
@@ -132,12 +143,13 @@ class LinearAttention(FeatureMapAttention):
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  normalize: bool | str = False, output_norm: bool | None = None,
                  chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, qk_dim: int | None = None):
         if mode not in MODES:
             raise ValueError(f"attention mode must be one of {MODES}, got {mode!r}")
         how = normalize_option(normalize)
         use_norm = how == "none" if output_norm is None else output_norm
-        super().__init__(d_model, num_heads, feature_map, use_norm, chunk_size, mode, qk_norm)
+        super().__init__(d_model, num_heads, feature_map, use_norm, chunk_size, mode, qk_norm,
+                         qk_dim)
         self.normalize, self.eps = how, eps
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -159,9 +171,9 @@ class GatedLinearAttention(LinearAttention):
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  normalize: bool | str = False, output_norm: bool | None = None,
                  chunk_size: int = 64, mode: str = "chunked", eps: float = 1e-6,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, qk_dim: int | None = None):
         super().__init__(d_model, num_heads, feature_map, normalize, output_norm, chunk_size,
-                         mode, eps, qk_norm)
+                         mode, eps, qk_norm, qk_dim)
         self.decay = DecayGate(d_model, num_heads)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,14 +194,14 @@ class DeltaAttention(FeatureMapAttention):
     def __init__(self, d_model: int, num_heads: int, feature_map: FeatureMapFactory,
                  gated: bool = False, normalize: bool | str = False,
                  output_norm: bool | None = None, chunk_size: int = 64, mode: str = "chunked",
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, qk_dim: int | None = None):
         if mode not in DELTA_MODES:
             raise ValueError(f"delta rule mode must be one of {DELTA_MODES}, got {mode!r}")
         if normalize_option(normalize) != "none":
             raise ValueError(f"the delta rule has no denominator: normalize must be false, "
                              f"got {normalize!r}")
         super().__init__(d_model, num_heads, feature_map, output_norm is not False, chunk_size,
-                         mode, qk_norm)
+                         mode, qk_norm, qk_dim)
         self.normalize = "none"
         self.beta = nn.Linear(d_model, num_heads)
         self.decay = DecayGate(d_model, num_heads) if gated else None
@@ -243,6 +255,15 @@ def causal_conv(h: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     return conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
 
 
+def causal_depthwise_conv(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+    """``conv`` (depthwise, padded by ``kernel_size − 1``) applied causally to ``h``
+    ``(b, n, d)``, returning ``(b, n, d)``: :func:`arbench.kernels.causal_conv` where the
+    CPU kernels run, else :func:`causal_conv`."""
+    if not use_cpu_kernels(h):
+        return causal_conv(h, conv)
+    return kernels.causal_conv(h, conv.weight, conv.bias)
+
+
 class ShortConv(nn.Module):
     """Gated short convolution: ``out(conv(in(x)) * gate(x))``, causal depthwise, kernel 3."""
 
@@ -259,12 +280,29 @@ class ShortConv(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        if not use_cpu_kernels(h):
-            u = causal_conv(h, self.conv)
-        else:  # the same convolution without transposes
-            u = kernels.causal_conv(h, self.conv.weight, self.conv.bias)
-        return self.out(u * self.gate(x))
+        return self.out(causal_depthwise_conv(self.conv, self.inp(x)) * self.gate(x))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.kernel_size * self.d_model
+
+
+class BaseConv(nn.Module):
+    """zoology's short-convolution layer: ``y = conv(u) ⊙ (u W + b) + u`` on ``(b, n, d_model)``,
+    a causal depthwise convolution (kernel ``kernel_size``, with bias) gated by one linear map,
+    plus its input (mixer ``base_conv``; :class:`ShortConv` has three linear maps and no
+    inner residual)."""
+
+    def __init__(self, d_model: int, kernel_size: int = 3):
+        super().__init__()
+        if kernel_size < 1:
+            raise ValueError(f"conv kernel_size must be >= 1, got {kernel_size}")
+        self.kernel_size, self.d_model = kernel_size, d_model
+        self.projection = nn.Linear(d_model, d_model)
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model,
+                              padding=kernel_size - 1)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return causal_depthwise_conv(self.conv, u) * self.projection(u) + u
 
     def state_size(self, seq_len: int) -> int:
         return self.kernel_size * self.d_model
@@ -276,6 +314,6 @@ def mlp(d_model: int, expand: int = 4) -> nn.Module:
                          nn.Linear(expand * d_model, d_model))
 
 
-__all__ = ["DecayGate", "DeltaAttention", "FeatureMapFactory", "GatedDeltaAttention",
-           "GatedLinearAttention",
-           "LinearAttention", "ShortConv", "SoftmaxAttention", "causal_conv", "mlp"]
+__all__ = ["BaseConv", "DecayGate", "DeltaAttention", "FeatureMapAttention", "FeatureMapFactory",
+           "GatedDeltaAttention", "GatedLinearAttention", "LinearAttention", "ShortConv",
+           "SoftmaxAttention", "causal_conv", "causal_depthwise_conv", "mlp"]

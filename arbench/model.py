@@ -5,11 +5,15 @@ embedding; layer 0 a gated short convolution, layer 1 the attention mixer. Layer
 ``i mod len(mixers)`` of the ``mixers`` list, whose names are:
 
 - ``"conv"``: gated causal depthwise convolution (kernel ``conv_kernel``);
+- ``"base_conv"``: zoology's BaseConv, ``conv(u) ⊙ (u W + b) + u``;
 - ``"linear"``: linear attention with ``feature_map`` (required then, as for the next three);
 - ``"gated"``: gated linear attention (a learned per-token decay of the state);
 - ``"delta"``: the delta rule (DeltaNet) over L2-normalised features;
 - ``"gated_delta"``: the delta rule with the decay (Gated DeltaNet);
 - ``"softmax"``: softmax attention.
+
+``block="zoology"`` and ``init_std=0.02`` build the backbone as zoology does for its MQAR rows
+(the paper's BASED numbers come from there): see :class:`ZoologyBlock` and :func:`normal_init`.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from arbench.data.mqar import IGNORE_INDEX, check_positive_int
-from arbench.mixers import FeatureMapFactory, ShortConv, mlp
+from arbench.mixers import DecayGate, FeatureMapFactory, LinearAttention, mlp
 from arbench.registry import FEATURE_MIXERS, MIXERS
 
 MIXER_NAMES = tuple(MIXERS)
+BLOCKS = ("prenorm", "zoology")
+"""``block`` choices: :class:`Block` and :class:`ZoologyBlock`."""
 
 
 class Block(nn.Module):
@@ -42,6 +48,43 @@ class Block(nn.Module):
         return x
 
 
+class ZoologyBlock(nn.Module):
+    """zoology's ``TransformerBlock``, which carries ``(hidden, residual)`` between blocks:
+    ``r ← h + r``; ``h ← mixer(norm(r))``; ``r ← h + r``; ``h ← mlp(norm2(r))``, where the
+    MLP is the identity when ``use_mlp`` is false (zoology's MQAR models), so ``norm2(r)``
+    itself is added to the stream by the next block (or before the final norm). The first
+    block gets ``r = None`` and starts from ``r ← h``; all ``(b, n, d_model)``."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.mixer = mixer
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = mlp(d_model) if use_mlp else None
+
+    def forward(self, h: torch.Tensor,
+                r: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        r = h if r is None else h + r
+        r = self.mixer(self.norm(r)) + r
+        h = self.norm2(r)
+        return (h if self.mlp is None else self.mlp(h)), r
+
+
+def normal_init(model: nn.Module, std: float) -> None:
+    """zoology's initialisation: every ``nn.Linear`` weight and the embedding N(0, std²), every
+    linear bias 0, except the decay gates' biases, which keep their set decay rates
+    (:class:`~arbench.mixers.DecayGate`). Convolutions, norms and feature-map parameters
+    (LLoPS's Θ) keep their own initialisation."""
+    gate_biases = {id(m.proj.bias) for m in model.modules() if isinstance(m, DecayGate)}
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std)
+            bias = getattr(module, "bias", None)
+            if isinstance(module, nn.Linear) and bias is not None and id(bias) not in gate_biases:
+                bias.zero_()
+
+
 class RecallModel(nn.Module):
     """Token embedding → ``n_layers`` blocks → final LayerNorm → LM head (tied by default)."""
 
@@ -50,13 +93,21 @@ class RecallModel(nn.Module):
                  feature_map: FeatureMapFactory | None = None, normalize: bool | str = False,
                  output_norm: bool | None = None, chunk_size: int = 64,
                  attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
-                 tie_embeddings: bool = True, qk_norm: bool = False):
+                 tie_embeddings: bool = True, qk_norm: bool = False, qk_dim: int | None = None,
+                 attention_eps: float = 1e-6, block: str = "prenorm",
+                 init_std: float | None = None):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
             check_positive_int(name, value)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+        if init_std is not None and not (isinstance(init_std, (int, float)) and init_std > 0):
+            raise ValueError(f"init_std must be a positive number or null, got {init_std!r}")
+        if not (isinstance(attention_eps, (int, float)) and attention_eps > 0):
+            raise ValueError(f"attention_eps must be a positive number, got {attention_eps!r}")
         mixers = list(mixers)
         if not mixers or any(m not in MIXER_NAMES for m in mixers):
             raise ValueError(f"mixers must be a non-empty list of {MIXER_NAMES}, got {mixers!r}")
@@ -68,27 +119,39 @@ class RecallModel(nn.Module):
 
         def build(name: str) -> nn.Module:
             cls = MIXERS[name]
-            if cls is ShortConv:
-                return ShortConv(d_model, conv_kernel)
+            if name not in FEATURE_MIXERS and name != "softmax":  # the convolutions
+                return cls(d_model, conv_kernel)
             if name not in FEATURE_MIXERS:
                 return cls(d_model, num_heads)
+            eps = dict(eps=attention_eps) if issubclass(cls, LinearAttention) else {}
             return cls(d_model, num_heads, feature_map, normalize=normalize,
                        output_norm=output_norm, chunk_size=chunk_size, mode=attention_mode,
-                       qk_norm=qk_norm)
+                       qk_norm=qk_norm, qk_dim=qk_dim, **eps)
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(build(n), d_model, use_mlp) for n in self.mixer_names)
+        self.block = block
+        block_cls = ZoologyBlock if block == "zoology" else Block
+        self.blocks = nn.ModuleList(block_cls(build(n), d_model, use_mlp)
+                                    for n in self.mixer_names)
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_embeddings:
             self.head.weight = self.embed.weight
+        if init_std is not None:
+            normal_init(self, init_std)
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final normalised hidden states ``(b, n, d_model)`` of ``input_ids`` ``(b, n)``."""
         x = self.embed(input_ids)
-        for block in self.blocks:
-            x = block(x)
+        if self.block == "zoology":
+            residual = None
+            for block in self.blocks:
+                x, residual = block(x, residual)
+            x = x + residual
+        else:
+            for block in self.blocks:
+                x = block(x)
         return self.final_norm(x)
 
     def compile_body(self) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 
 from arbench.featuremaps import Based, EluPlusOne, FeatureMap, Flatten, Identity, LLoPS, PolySketch
 from arbench.mixers import (
+    BaseConv,
     DeltaAttention,
     FeatureMapAttention,
     GatedDeltaAttention,
@@ -35,8 +36,9 @@ FEATURE_MAPS: Mapping[str, type[FeatureMap]] = MappingProxyType({
 """Short name → feature-map class (the names bench and approx use for the shipped maps)."""
 
 MIXERS: Mapping[str, type[nn.Module]] = MappingProxyType({
-    "conv": ShortConv, "linear": LinearAttention, "softmax": SoftmaxAttention,
-    "gated": GatedLinearAttention, "delta": DeltaAttention, "gated_delta": GatedDeltaAttention})
+    "conv": ShortConv, "base_conv": BaseConv, "linear": LinearAttention,
+    "softmax": SoftmaxAttention, "gated": GatedLinearAttention, "delta": DeltaAttention,
+    "gated_delta": GatedDeltaAttention})
 """``model.mixers`` name → mixer class."""
 
 FEATURE_MIXERS = tuple(name for name, cls in MIXERS.items()

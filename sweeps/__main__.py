@@ -1,5 +1,6 @@
 """``python -m sweeps run SPEC [--profile P] [--size S] [--storage URL] [--workers N]
-[--trials N] [--retry-failed]``, ``python -m sweeps report SPEC``, ``python -m sweeps status``.
+[--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
+``python -m sweeps status``.
 
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
@@ -54,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, help="torch threads per worker")
     run.add_argument("--retry-failed", action="store_true",
                      help="queue the grid points whose trials failed again")
+    run.add_argument("--widen", type=int, default=0, metavar="N",
+                     help="when a point's best lr is the lowest (highest) tried, run one more "
+                          "lr beyond it, up to N beyond the spec's lrs on each side "
+                          "(sweeps.widen; default 0: off)")
     _storage_args(run)
     rep = sub.add_parser("report", help="tables and plots of a sweep under results/<study>/")
     rep.add_argument("spec")
@@ -77,8 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError("--workers must be >= 1")
     check_writable(args.runs, "--runs")
     spec = load_spec(args.spec, args.profile, args.size)
-    if args.retry_failed and spec.sampler != "grid":
-        raise SpecError("--retry-failed needs a grid sweep (sampler: grid)")
+    if (args.retry_failed or args.widen) and spec.sampler != "grid":
+        raise SpecError("--retry-failed and --widen need a grid sweep (sampler: grid)")
+    if args.widen < 0 or (args.widen and len(spec.lr) < 2):
+        raise SpecError("--widen needs N >= 0 and a spec with at least 2 lrs")
     storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
@@ -92,14 +99,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"study {spec.study} (profile {spec.profile}): {len(spec.points())} grid points, "
               f"{queued} newly queued{again}; {args.workers} worker(s), {threads} thread(s) each",
               flush=True)
-    children = []
-    if worker_id is None and args.workers > 1:
-        for i in range(1, args.workers):
-            env = {**os.environ, "ARBENCH_SWEEP_WORKER": f"w{i}"}
-            children.append(subprocess.Popen([sys.executable, "-m", "sweeps", *sys.argv[1:]],
-                                              env=env, preexec_fn=_die_with_parent))
-    ran = work(spec, storage, Path(args.runs), worker_id or "w0", max_trials=args.trials)
-    codes = [c.wait() for c in children]
+    ran, codes = 0, []
+    while True:
+        children = []
+        if worker_id is None and args.workers > 1:
+            for i in range(1, args.workers):
+                env = {**os.environ, "ARBENCH_SWEEP_WORKER": f"w{i}"}
+                children.append(subprocess.Popen([sys.executable, "-m", "sweeps",
+                                                  *sys.argv[1:]],
+                                                 env=env, preexec_fn=_die_with_parent))
+        ran += work(spec, storage, Path(args.runs), worker_id or "w0", max_trials=args.trials)
+        codes += [c.wait() for c in children]
+        if worker_id is not None or not args.widen or args.trials:
+            break
+        from sweeps.widen import widen
+
+        added = widen(spec, storage, args.widen)
+        if not added:
+            break
+        lrs = sorted({p["model.lr"] for p in added})
+        print(f"widening: {len(added)} run(s) at lr {', '.join(f'{x:g}' for x in lrs)} "
+              f"where a point's best lr was at an edge", flush=True)
     if worker_id is None:
         from sweeps.report import count_states
 

@@ -1,5 +1,6 @@
-"""The LLoPS paper's AR accuracies (SPEC.md §4), to print beside matching rows. These are the
-paper's reported numbers, not arbench measurements."""
+"""The LLoPS paper's AR accuracies (SPEC.md §4), to print beside matching rows, and its
+warm-start result (BASED+LLoPS against BASED+CT) to print beside the warm-start claims. These
+are the paper's reported numbers, not arbench measurements."""
 
 from __future__ import annotations
 
@@ -24,3 +25,18 @@ def paper_value(hp: dict[str, Any]) -> float | None:
     width = hp.get("r") if fm == "Based" else hp.get("m")
     key = (fm, hp.get("p"), width, hp.get("d_model"))
     return PAPER_AR.get(key)  # type: ignore[arg-type]
+
+
+# The paper's zero-shot table (../shared/seed/, average accuracy in % over its nine tasks):
+# (model size, BASED+CT, BASED+LLoPS), both continued from the same BASED weights.
+PAPER_WARMSTART: list[tuple[str, float, float]] = [("360M", 35.00, 36.26), ("1B", 42.16, 42.91)]
+
+PAPER_GAINS = {"warmstart": PAPER_WARMSTART}
+"""Reference gains a claim can name with ``paper_gain:``."""
+
+
+def paper_gain_text(name: str) -> str:
+    """The paper's relative gain of the better arm over the worse, e.g. "+3.6% (360M)"."""
+    gains = ", ".join(f"{100 * (better / worse - 1):+.1f}% ({size})"
+                      for size, worse, better in PAPER_GAINS[name])
+    return f"{gains} in average zero-shot accuracy"

@@ -1,10 +1,46 @@
-"""Pruning a trial from inside its Lightning run, at every validation (not once per epoch)."""
+"""Pruning a trial from inside its Lightning run, at every validation (not once per epoch),
+against the trials of its own bracket on a grid (:class:`BracketPruner`)."""
 
 from __future__ import annotations
 
 import optuna
 from lightning.pytorch import LightningModule, Trainer
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
+
+BRACKET_FREE = ("model.lr",)
+"""The param a bracket varies: its trials share every other grid value (point and seed)."""
+
+
+def bracket_key(params: dict) -> tuple:
+    """The bracket of a trial with ``params``: its grid values less the lr."""
+    return tuple(sorted((k, str(v)) for k, v in params.items() if k not in BRACKET_FREE))
+
+
+class _BracketView:
+    """The study as a pruner sees it, holding only the trials of one bracket."""
+
+    def __init__(self, study: optuna.Study, key: tuple):
+        self._study, self._key = study, key
+
+    def get_trials(self, deepcopy: bool = True, states=None) -> list:
+        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states)
+                if t.params and bracket_key(t.params) == self._key]
+
+    def __getattr__(self, name: str):
+        return getattr(self._study, name)
+
+
+class BracketPruner(optuna.pruners.BasePruner):
+    """``base`` deciding as if the study held only the trials of the same grid point and seed
+    (the point's lr sub-grid for one seed): on a grid, runs of another point (another p, or
+    method) never stop this one. Successive halving over the lr sub-grid is then the
+    protocol's cost rule, which ``sweeps.halving`` replays on finished grids."""
+
+    def __init__(self, base: optuna.pruners.BasePruner):
+        self.base = base
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return self.base.prune(_BracketView(study, bracket_key(trial.params)), trial)
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):

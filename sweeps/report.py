@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from arbench.registry import FEATURE_MIXERS
-from sweeps.paper import paper_value
+from sweeps.paper import paper_gain_text, paper_value
 from sweeps.spec import SweepSpec
 
 VARYING = ("seed_everything", "model.lr")
@@ -92,6 +92,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
             "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
             "seed_values": {t.params.get("seed_everything"): t.value for t in trials},
+            "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "paper": paper_value(hp),
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
@@ -126,6 +127,10 @@ def variant(hp: dict[str, Any]) -> str:
     parts += [f"[{rule}]" for rule in dict.fromkeys(rules)]  # gated / delta state updates
     if hp.get("init_from"):
         parts.append("(warm start)")
+    if hp.get("block") == "zoology":
+        parts.append("zoology block")
+    if hp.get("init_std") not in (None, "default"):
+        parts.append(f"init N(0, {hp['init_std']}²)")
     if hp.get("init") not in (None, "variance"):
         parts.append(f"init {hp['init']}")
     wd, fm_wd = hp.get("weight_decay"), hp.get("feature_map_weight_decay")
@@ -198,7 +203,9 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
             if len(hits) != 1:
                 status = f"{len(hits)} rows match {side} {claim[side]}"
         row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
-               "status": "ok"}
+               "gain": math.nan, "status": "ok",
+               "paper_gain": paper_gain_text(claim["paper_gain"]) if "paper_gain" in claim
+               else None}
         if None in picked:
             out.append({**row, "status": status})
             continue
@@ -206,10 +213,19 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
         seeds = sorted(set(a["seed_values"]) & set(b["seed_values"]), key=str)
         gaps = [a["seed_values"][s] - b["seed_values"][s] for s in seeds]
         row.update(k=sum(g > 0 for g in gaps), n=len(gaps),
+                   gain=relative_gain([a["seed_values"][s] for s in seeds],
+                                      [b["seed_values"][s] for s in seeds]),
                    gap_mean=statistics.fmean(gaps) if gaps else math.nan,
                    gap_std=statistics.stdev(gaps) if len(gaps) > 1 else math.nan)
         out.append(row)
     return out
+
+
+def relative_gain(better: list[float], worse: list[float]) -> float:
+    """mean(better) / mean(worse) − 1 over the same seeds (nan when undefined)."""
+    if not better or not worse or statistics.fmean(worse) == 0:
+        return math.nan
+    return statistics.fmean(better) / statistics.fmean(worse) - 1
 
 
 def claims_text(rows: list[dict[str, Any]]) -> list[str]:
@@ -220,8 +236,10 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"- {r['claim']}: not checked ({r['status']})")
             continue
         spread = f" ± {100 * r['gap_std']:.1f}" if r["n"] > 1 else ""
+        paper = "" if not r.get("paper_gain") else \
+            f"; relative gain {100 * r['gain']:+.1f}% (the paper: {r['paper_gain']})"
         lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
-                     f"{100 * r['gap_mean']:+.1f}{spread} points")
+                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}")
     return lines
 
 
@@ -236,7 +254,7 @@ def flags(row: dict[str, Any]) -> str:
 
 
 RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged",
-              "collapsed_at", "wall_time_s", "fail_reason")
+              "collapsed_at", "wall_time_s", "fail_reason", "reused_from")
 
 
 def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
@@ -254,7 +272,7 @@ def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                     "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
                     "steps": ua.get("global_step"), "converged": ua.get("converged"),
                     "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
-                    "fail_reason": ua.get("fail_reason")})
+                    "fail_reason": ua.get("fail_reason"), "reused_from": ua.get("reused_from")})
     return out
 
 
@@ -278,10 +296,60 @@ def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
     return value in want if isinstance(want, list) else value == want
 
 
+def mean_curve(curves: list[list]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps and the mean, min and max of val/acc over ``curves`` ((step, acc) lists) at each
+    step any of them reached; a run that stopped early (at the 0.99 threshold) holds its last
+    value."""
+    steps = sorted({int(s) for c in curves for s, _ in c})
+    rows = []
+    for c in curves:
+        if not c:
+            continue
+        at = dict((int(s), a) for s, a in c)
+        last, row = None, []
+        for s in steps:
+            last = at.get(s, last)
+            row.append(last)
+        rows.append(row)
+    cols = [[r[i] for r in rows if r[i] is not None] for i in range(len(steps))]
+    keep = [i for i, col in enumerate(cols) if col]
+    return ([steps[i] for i in keep], [statistics.fmean(cols[i]) for i in keep],
+            [min(cols[i]) for i in keep], [max(cols[i]) for i in keep])
+
+
+def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Validation accuracy against training step (``x: step``): one line per row (a point at
+    its best lr), the mean over its seeds with their range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    where = plot.get("where") or {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in table:
+        if not all(_matches(r["hparams"], k, v) for k, v in where.items()):
+            continue
+        steps, mean, lo, hi = mean_curve(r["curves"])
+        if not steps:
+            continue
+        line, = ax.plot(steps, [100 * v for v in mean], marker=".",
+                        label=f"{label(r['hparams'])} "
+                              f"(lr {r['best_lr']:g}, n={r['n']})")
+        ax.fill_between(steps, [100 * v for v in lo], [100 * v for v in hi], alpha=0.15,
+                        color=line.get_color())
+    return finish_plot(fig, ax, "training step", "val accuracy % (mean over seeds; range shaded)",
+                       plot.get("title", "learning curves at each point's best lr"),
+                       out / f"{plot.get('name', 'learning_curves')}.png", legend_size=7)
+
+
 def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
     """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value (an
     hparam, or ``variant``: the diagnosis switches), over the rows matching ``plot['where']``
-    (``{hparam: value or [values]}``, optional)."""
+    (``{hparam: value or [values]}``, optional). ``x: step`` draws learning curves instead
+    (:func:`write_curves`)."""
+    if plot["x"] == "step":
+        return write_curves(table, plot, out)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,24 +381,38 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
         if 0 < len(xs) <= 8:  # label the grid's own values, not powers of ten
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(x_key)
-    ax.set_ylabel("accuracy % (mean ± std over seeds)")
-    ax.set_title(plot.get("title", f"accuracy vs {x_key}"))
+    return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+                       plot.get("title", f"accuracy vs {x_key}"),
+                       out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
+
+
+def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+                legend_size: int = 8) -> Path:
+    """Label, grid and legend ``ax``, save ``fig`` to ``path`` (120 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    path = out / f"{plot.get('name', 'acc_vs_' + x_key)}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
 def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:
-    """``results/<study>/table.md``, ``table.csv`` and the spec's plots."""
+    """``results/<study>/table.md``, ``table.csv``, ``runs.csv``, ``halving.md`` (the lr
+    sub-grid under successive halving, :mod:`sweeps.halving`) and the spec's plots."""
     out = results / spec.study
     out.mkdir(parents=True, exist_ok=True)
     table = rows(spec, storage)
     paths = write_table(spec, table, out) + [write_runs(spec, storage, out)]
+    from sweeps.halving import write_halving
+
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    paths += write_halving(spec, study.get_trials(deepcopy=False), out)
     plots = spec.plots or [{"x": "state_size", "series": "feature_map", "xscale": "log"}]
     paths += [write_plot(table, plot, out) for plot in plots]
     return paths

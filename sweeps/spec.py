@@ -20,6 +20,11 @@ A spec::
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
     claims:                            # paper claims checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
+      # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
+    reuse: [p_ablation]                # finished runs of these studies stand for equal points
+    plots:                             # accuracy against an hparam, one line per series
+      - {x: p, series: feature_map, name: acc_vs_p}
+      - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
 
 Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_model``, ``lr``
 (``model.lr``) and ``seed`` (``seed_everything``) stand for their full keys, which the study
@@ -43,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
            "n_trials", "pruner", "args", "profiles", "storage", "description", "plots", "paper",
-           "claims"}
+           "claims", "reuse"}
 ALIASES = {"p": "model.feature_map.init_args.p", "m": "model.feature_map.init_args.m",
            "rank": "model.feature_map.init_args.rank", "d_model": "model.d_model",
            "lr": "model.lr", "seed": "seed_everything"}
@@ -111,6 +116,7 @@ class SweepSpec:
     storage: str | None = None
     plots: list[dict[str, Any]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    reuse: list[str] = field(default_factory=list)
 
     @property
     def profile_path(self) -> str:
@@ -195,16 +201,23 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
 
 
 def _check_claims(value: Any) -> list[dict[str, Any]]:
-    """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``."""
+    """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``, and
+    optionally ``paper_gain:`` a name in ``sweeps.paper.PAPER_GAINS`` to print beside it."""
+    from sweeps.paper import PAPER_GAINS
+
     if value is None:
         return []
     if not isinstance(value, list):
         raise SpecError("claims must be a list of {name, better, worse} mappings")
     for i, claim in enumerate(value):
-        if not (isinstance(claim, dict) and set(claim) == {"name", "better", "worse"}
+        if not (isinstance(claim, dict) and {"name", "better", "worse"} <= set(claim)
+                <= {"name", "better", "worse", "paper_gain"}
                 and isinstance(claim["better"], dict) and isinstance(claim["worse"], dict)):
             raise SpecError(f"claims[{i}] must be a mapping of name, better: {{hparam: value}} "
-                            "and worse: {hparam: value}")
+                            "and worse: {hparam: value} (and optionally paper_gain)")
+        if "paper_gain" in claim and claim["paper_gain"] not in PAPER_GAINS:
+            raise SpecError(f"claims[{i}].paper_gain must be one of {sorted(PAPER_GAINS)}, "
+                            f"got {claim['paper_gain']!r}")
     return list(value)
 
 
@@ -257,6 +270,9 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     n_trials = merged.get("n_trials")
     if sampler != "grid" and not (isinstance(n_trials, int) and n_trials > 0):
         raise SpecError(f"sampler {sampler} needs n_trials, a positive integer")
+    reuse = merged.get("reuse") or []
+    if not (isinstance(reuse, list) and all(isinstance(x, str) and x for x in reuse)):
+        raise SpecError("reuse must be a list of study names")
     args = merged.get("args") or []
     if not isinstance(args, list):
         raise SpecError("args must be a list of main.py arguments")
@@ -267,4 +283,4 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
-                     claims=_check_claims(merged.get("claims")))
+                     claims=_check_claims(merged.get("claims")), reuse=list(reuse))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
@@ -93,12 +94,22 @@ def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
     return optuna.samplers.RandomSampler(seed=0)
 
 
+def study_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
+    """The spec's pruner; on a grid, deciding within each bracket (``sweeps.pruning``)."""
+    pruner = make_pruner(spec.pruner, spec.pruner_args)
+    if spec.sampler == "grid" and spec.pruner != "none":
+        from sweeps.pruning import BracketPruner
+
+        return BracketPruner(pruner)
+    return pruner
+
+
 def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
     """Create (or open) the spec's study with its sampler and pruner."""
     study = optuna.create_study(study_name=spec.study, storage=storage,
                                 sampler=make_sampler(spec),
-                                pruner=make_pruner(spec.pruner, spec.pruner_args),
-                                direction=spec.direction, load_if_exists=True)
+                                pruner=study_pruner(spec), direction=spec.direction,
+                                load_if_exists=True)
     study.set_user_attr("spec", str(spec.path))
     study.set_user_attr("profile", spec.profile)
     return study
@@ -196,15 +207,36 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
     with queue_lock(storage, spec.study):
         drop_legacy_locks(storage, spec.study)
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
-        queued = 0
-        for point in spec.points():
-            if point not in existing:
+        new = [point for point in spec.points() if point not in existing]
+        reused = reuse_points(study, spec, new, storage)
+        for i, point in enumerate(new):
+            if i not in reused:
                 study.enqueue_trial(point, skip_if_exists=False)
-                queued += 1
         failed = failed_points(study) if retry_failed else []
         for trial in failed:
             requeue(study, trial)
-    return queued, len(failed)
+    return len(new) - len(reused), len(failed)
+
+
+def reuse_points(study: optuna.Study, spec: SweepSpec, points: list[dict[str, Any]],
+                 storage: RDBStorage) -> dict[int, Any]:
+    """Record the ``points`` a finished run of a ``reuse:`` study stands for
+    (:mod:`sweeps.reuse`) as complete trials; returns them by index."""
+    if not spec.reuse or not points:
+        return {}
+    from sweeps.reuse import matches, reuse_trial
+
+    found = matches(spec, points, storage)
+    choices, recorded = spec.choices(), recorded_distributions(study)
+    for i, source in found.items():
+        point = points[i]
+        dists = {k: fixed_distribution(v, list(choices.get(k, [])), recorded.get(k))
+                 for k, v in point.items()}
+        study.add_trial(reuse_trial(point, source, dists))
+    if found:
+        names = sorted({f"{s}#{t.number}" for s, t in found.values()})
+        print(f"reused {len(found)} finished run(s): {', '.join(names)}", flush=True)
+    return found
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
@@ -255,18 +287,60 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def fixed_distribution(value: Any, options: list[Any], recorded: Any) -> Any:
+    """The distribution a queued grid value is recorded with. Numbers get a one-value int or
+    float distribution, which Optuna lets differ between trials, so a study can later gain
+    lrs or seeds (:mod:`sweeps.widen`); other values (config paths) are categorical over the
+    spec's ``options``. ``recorded``: the key's distribution in the study so far, if any (a
+    study made before numbers were recorded so keeps its categorical choices)."""
+    if is_number(value) and not isinstance(recorded, CategoricalDistribution):
+        if isinstance(value, int):
+            return IntDistribution(value, value)
+        return FloatDistribution(float(value), float(value))
+    if isinstance(recorded, CategoricalDistribution):
+        options = list(recorded.choices)
+    return CategoricalDistribution(options if value in options else [*options, value])
+
+
+def suggest_fixed(trial: optuna.Trial, key: str, value: Any, options: list[Any],
+                  recorded: Any) -> Any:
+    """Record a queued grid value with :func:`fixed_distribution`."""
+    dist = fixed_distribution(value, options, recorded)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(key, value, value)
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(key, value, value)
+    return trial.suggest_categorical(key, list(dist.choices))
+
+
+def recorded_distributions(study: optuna.Study) -> dict[str, Any]:
+    """Each param's distribution in the study's earliest trial that has it."""
+    out: dict[str, Any] = {}
+    for t in study.get_trials(deepcopy=False):
+        for key, dist in t.distributions.items():
+            out.setdefault(key, dist)
+    return out
+
+
 def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> dict[str, Any]:
     """The trial's grid point, recorded as Optuna params (kept as-is for a retried trial)."""
     frozen = storage.get_trial(trial._trial_id)
     params = dict(frozen.params)
     fixed = frozen.system_attrs.get("fixed_params") or {}
     choices = spec.choices()
+    recorded = recorded_distributions(trial.study) if fixed else {}
     for key in fixed or choices:
-        if key not in params:
-            options = list(choices.get(key, []))
-            if key in fixed and fixed[key] not in options:
-                options.append(fixed[key])
-            params[key] = trial.suggest_categorical(key, options)
+        if key in params:
+            continue
+        if key in fixed:
+            params[key] = suggest_fixed(trial, key, fixed[key], list(choices.get(key, [])),
+                                        recorded.get(key))
+        else:
+            params[key] = trial.suggest_categorical(key, choices[key])
     return params
 
 
@@ -332,7 +406,7 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
         print(f"[{time.strftime('%H:%M:%S')} {worker}] {msg}", flush=True)
 
     study = optuna.load_study(study_name=spec.study, storage=storage, sampler=make_sampler(spec),
-                              pruner=make_pruner(spec.pruner, spec.pruner_args))
+                              pruner=study_pruner(spec))
     done = 0
     while max_trials is None or done < max_trials:
         fail_stale_trials(study)

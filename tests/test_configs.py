@@ -1,6 +1,7 @@
-"""Configs with one job each: method configs name the mixers, the feature map and the run;
-size configs (configs/sizes/) the model size; profiles the data, trainer and optimiser budget.
-No key is set by two kinds, so the order of --config files does not change the model."""
+"""Configs with one job each: method configs name the mixers, the feature map, the run (and
+any other architecture option of the method); size configs (configs/sizes/) the model size;
+profiles the data, trainer and optimiser budget. No key is set by two kinds, so the order of
+--config files does not change the model."""
 
 import itertools
 
@@ -15,6 +16,7 @@ METHODS = sorted(CONFIGS.glob("*.yaml"))
 SIZES = sorted((CONFIGS / "sizes").glob("*.yaml"))
 PROFILES = sorted((CONFIGS / "profiles").glob("*.yaml"))
 OPTIMISER = {"lr", "weight_decay", "warmup_steps", "min_lr_ratio", "feature_map_weight_decay"}
+SIZE = {"d_model", "num_heads", "n_layers"}
 
 
 def load(path) -> dict:
@@ -25,7 +27,8 @@ def load(path) -> dict:
 def test_method_configs_hold_mixers_feature_map_and_run_name(path):
     raw = load(path)
     assert set(raw) <= {"model", "trainer"}
-    assert set(raw["model"]) <= {"mixers", "feature_map"}
+    assert {"mixers", "feature_map"} <= set(raw["model"])
+    assert not set(raw["model"]) & (SIZE | OPTIMISER | {"vocab_size"})
     assert set(raw["trainer"]) == {"logger"} and set(raw["trainer"]["logger"]) == {"init_args"}
     assert set(raw["trainer"]["logger"]["init_args"]) == {"name"}
 
@@ -33,7 +36,7 @@ def test_method_configs_hold_mixers_feature_map_and_run_name(path):
 @pytest.mark.parametrize("path", SIZES, ids=lambda p: p.name)
 def test_size_configs_hold_the_model_size(path):
     raw = load(path)
-    assert set(raw) == {"model"} and set(raw["model"]) <= {"d_model", "num_heads", "n_layers"}
+    assert set(raw) == {"model"} and set(raw["model"]) <= SIZE
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
@@ -54,6 +57,7 @@ def model_section(capsys, files: list[str]) -> dict:
     [config("p4.yaml"), config("profiles/cpu.yaml")],
     [config("p4.yaml"), config("profiles/smoke.yaml"), config("sizes/tiny.yaml")],
     [config("teacher.yaml"), config("sizes/teacher.yaml"), config("profiles/cpu.yaml")],
+    [config("zoology_based.yaml"), config("profiles/smoke.yaml"), config("sizes/tiny.yaml")],
 ])
 def test_order_of_config_files_does_not_change_the_model(capsys, files):
     models = [model_section(capsys, list(order)) for order in itertools.permutations(files)]

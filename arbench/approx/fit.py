@@ -16,7 +16,14 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class FitConfig:
-    """Adam with cosine decay to ``lr/100``; each step uses ``batch`` queries × ``batch`` keys.
+    """Adam; each step uses ``batch`` queries × ``batch`` keys of the training pairs.
+
+    ``until_plateau`` (default): an eighth of the training queries and keys is held back for
+    validation, and every ``check_every`` steps the loss on all their pairs is measured. When
+    it has not fallen by ``min_improvement`` (relative) for ``patience`` checks, the lr drops
+    tenfold; after ``lr_drops`` drops the next such stall ends the fit (``stopped =
+    "plateau"``), else ``steps`` does (``"max steps"``). The parameters of the best
+    validation loss are kept. Otherwise: exactly ``steps`` steps, cosine decay to ``lr/100``.
 
     ``init_ratio``: before the first step the estimate is rescaled (through the parameters)
     so that its Frobenius norm on the first batch is ``init_ratio`` times the target's
@@ -24,6 +31,11 @@ class FitConfig:
     """
 
     steps: int = 1000
+    until_plateau: bool = True
+    check_every: int = 100
+    patience: int = 3
+    min_improvement: float = 0.01
+    lr_drops: int = 2
     lr: float = 1e-2
     batch: int = 512
     seed: int = 0
@@ -34,13 +46,18 @@ class FitConfig:
 
 @dataclass
 class FitResult:
-    """Loss (relative squared Frobenius error of the batch) at the first and last step."""
+    """Loss (relative squared Frobenius error of the batch) at the first and last step; with
+    ``until_plateau`` the validation curve, the best validation loss, steps and why it ended."""
 
     first_loss: float = float("nan")
     last_loss: float = float("nan")
     seconds: float = 0.0
     lr: float = float("nan")
     losses: list[float] = field(default_factory=list)
+    val_curve: list[tuple[int, float]] = field(default_factory=list)
+    best_val: float = float("nan")
+    steps: int = 0
+    stopped: str = ""
 
     @property
     def final_loss(self) -> float:
@@ -50,13 +67,48 @@ class FitResult:
         tail = self.losses[-max(1, len(self.losses) // 20):]
         return sum(tail) / len(tail)
 
+    @property
+    def selection_loss(self) -> float:
+        """What :func:`fit_best` compares: the best validation loss, else :attr:`final_loss`."""
+        return self.best_val if self.val_curve else self.final_loss
+
+
+class Plateau:
+    """The ``until_plateau`` rule of :class:`FitConfig` over validation losses."""
+
+    def __init__(self, config: FitConfig):
+        self.config = config
+        self.best = self.reference = float("inf")
+        self.best_state: dict | None = None
+        self.stalls = self.drops = 0
+
+    def update(self, loss: float, module: torch.nn.Module,
+               opt: torch.optim.Optimizer) -> bool:
+        """Record ``loss``; keep ``module``'s state if best; drop the lr on a stall. True: stop."""
+        if loss < self.best:
+            self.best = loss
+            self.best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        if loss < self.reference * (1 - self.config.min_improvement):
+            self.reference, self.stalls = loss, 0
+            return False
+        self.stalls += 1
+        if self.stalls < self.config.patience:
+            return False
+        if self.drops >= self.config.lr_drops:
+            return True
+        self.drops, self.stalls = self.drops + 1, 0
+        for group in opt.param_groups:
+            group["lr"] *= 0.1
+        return False
+
 
 def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
              config: FitConfig, log: Log | None = None, label: str = "") -> FitResult:
     """Minimise ‖φ_Q(q_B) φ_K(k_B)ᵀ − target(q_B, k_B)‖_F² / ‖target‖_F² over random batches.
 
     ``q`` ``(nq, d)`` and ``k`` ``(nk, d)`` are the training queries and keys; every step draws
-    ``min(batch, n)`` of each (seeded), so all nq·nk pairs are in reach. Returns the losses.
+    ``min(batch, n)`` of each (seeded), so all their pairs are in reach (less the validation
+    eighth with ``until_plateau``). Returns the losses.
     """
     result = FitResult(lr=config.lr)
     params = [prm for prm in pair.parameters() if prm.requires_grad]
@@ -64,7 +116,16 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
         return result
     gen = torch.Generator().manual_seed(config.seed)
     opt = torch.optim.Adam(params, lr=config.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, config.steps, eta_min=config.lr / 100)
+    plateau = Plateau(config) if config.until_plateau else None
+    if plateau is not None:
+        hold_q, hold_k = max(1, q.shape[0] // 8), max(1, k.shape[0] // 8)
+        q, q_val, k, k_val = q[:-hold_q], q[-hold_q:], k[:-hold_k], k[-hold_k:]
+        with torch.no_grad():
+            a_val = target(q_val, k_val)
+        sched = None
+    else:
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, config.steps,
+                                                           eta_min=config.lr / 100)
     bq, bk = min(config.batch, q.shape[0]), min(config.batch, k.shape[0])
     start = time.perf_counter()
     for step in range(1, config.steps + 1):
@@ -82,10 +143,25 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         result.losses.append(loss.item())
+        result.steps = step
         if log is not None and config.log_every and step % config.log_every == 0:
             log(f"  {label or pair.name}: step {step}/{config.steps} loss {loss.item():.4g}")
+        if plateau is not None and step % config.check_every == 0:
+            with torch.no_grad():
+                val = float((pair(q_val, k_val) - a_val).pow(2).sum()
+                            / a_val.pow(2).sum().clamp_min(1e-30))
+            result.val_curve.append((step, val))
+            if plateau.update(val, pair, opt):
+                result.stopped = "plateau"
+                break
+    if plateau is not None:
+        result.stopped = result.stopped or "max steps"
+        if plateau.best_state is not None:
+            pair.load_state_dict(plateau.best_state)
+            result.best_val = plateau.best
     result.first_loss, result.last_loss = result.losses[0], result.losses[-1]
     result.seconds = time.perf_counter() - start
     return result
@@ -97,7 +173,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     """Fit a fresh ``build()`` per learning rate in ``lrs`` and restart seed.
 
     Restart i builds and draws batches with seed ``config.seed + i``. Keeps the pair with the
-    lowest final training loss; the total time of all the fits is in its result.
+    lowest :attr:`FitResult.selection_loss`; the total time of all the fits is in its result.
     ``None`` when ``build()`` gives ``None`` (the method does not fit this m).
     """
     best: tuple[KernelPair, FitResult] | None = None
@@ -113,7 +189,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
         total += result.seconds
         if not pair.fitted:
             return pair, result
-        if best is None or result.final_loss < best[1].final_loss:
+        if best is None or result.selection_loss < best[1].selection_loss:
             best = (pair, result)
     assert best is not None, "fit_best needs at least one learning rate"
     best[1].seconds = total

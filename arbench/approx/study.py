@@ -39,7 +39,7 @@ class StudyConfig:
     m: int = 64
     ranks: tuple[int, ...] = (1, 2, 4, 8)
     fit: FitConfig = field(default_factory=FitConfig)
-    lrs: tuple[float, ...] = ()  # several: keep the best final training loss; (): fit.lr
+    lrs: tuple[float, ...] = ()  # several: keep the best (FitResult.selection_loss); (): fit.lr
     n_train: int = 2048
     n_test: int = 1024
     train_fraction: float = 0.5
@@ -63,6 +63,8 @@ class Record:
     feature_dim: int
     seconds: float = 0.0
     detail: str = ""
+    fit_steps: int = 0
+    fit_stop: str = ""
 
 
 @dataclass
@@ -125,6 +127,10 @@ def check_settings(config: StudyConfig) -> None:
     fit = config.fit
     if fit.steps < 0 or fit.batch < 1 or config.n_train < 1 or config.n_test < 1:
         raise ValueError("steps must be >= 0 and batch, n_train, n_test >= 1")
+    if fit.check_every < 1 or fit.patience < 1 or fit.lr_drops < 0 or \
+            not 0 <= fit.min_improvement < 1:
+        raise ValueError("check_every and patience must be >= 1, lr_drops >= 0 and "
+                         "min_improvement in [0, 1)")
     if any(not lr > 0 for lr in (config.lrs or (fit.lr,))):
         raise ValueError(f"learning rates must be > 0, got {list(config.lrs or (fit.lr,))}")
 
@@ -185,10 +191,12 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
             approx = pair(split.q_test, split.k_test)
         rec = _score(p, name, layer, head, approx, a, pair.feature_dim, result.seconds,
                      pair.detail)
+        rec.fit_steps, rec.fit_stop = result.steps, result.stopped
         out.append(rec)
         if log:
-            how = (f"lr {result.lr:g}, loss {result.first_loss:.3g} -> {result.last_loss:.3g}, "
-                   if pair.fitted else "not fitted, ")
+            ended = f" ({result.stopped})" if result.stopped else ""
+            how = (f"lr {result.lr:g}, {result.steps} steps{ended}, loss {result.first_loss:.3g}"
+                   f" -> {result.last_loss:.3g}, " if pair.fitted else "not fitted, ")
             floor = f" (floor {floor_fro:.4f})" if floor_fro is not None else ""
             log(f"{tag}: {how}held-out RMAE {rec.rmae:.4f}, rel. Frobenius "
                 f"{rec.rel_frobenius:.4f}{floor}, {result.seconds:.1f} s")

@@ -79,3 +79,36 @@ def test_init_ratio_rescales_the_estimate():
                       FitConfig(steps=1, lr=1e-12, batch=64, init_ratio=0.5))
     # first loss ||Â - A||²/||A||² with ||Â|| = 0.5 ||A|| lies in [0.25, 2.25]
     assert 0.25 - 1e-4 <= result.first_loss <= 2.25 + 1e-4
+
+
+def test_plateau_drops_the_lr_on_a_stall_then_stops():
+    from arbench.approx.fit import Plateau
+
+    module = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(module.parameters(), lr=1.0)
+    rule = Plateau(FitConfig(patience=2, lr_drops=1, min_improvement=0.01))
+    # 1.0 then 0.5 improve; 0.499 is < 1% better (a stall, but still the best so far)
+    stops = [rule.update(x, module, opt) for x in (1.0, 0.5, 0.499, 0.5)]
+    assert stops == [False] * 4 and opt.param_groups[0]["lr"] == 0.1 and rule.best == 0.499
+    assert [rule.update(x, module, opt) for x in (0.6, 0.7)] == [False, True]
+
+
+def test_fit_until_plateau_stops_early_and_keeps_the_best_validation_state():
+    d, m, p = 6, 8, 2
+    q, k = gaussian_qk(256, d, seed=5)
+    target = lambda x, y: poly_kernel(x, y, p)  # noqa: E731
+    pair = llops_pair(d, m, p, 1)
+    cap = 20_000
+    result = fit_pair(pair, q, k, target, FitConfig(steps=cap, lr=3e-2, batch=128,
+                                                   check_every=50))
+    assert result.stopped == "plateau" and result.steps < cap
+    assert [s for s, _ in result.val_curve] == list(range(50, result.steps + 1, 50))
+    assert result.best_val == min(v for _, v in result.val_curve)
+    q_val, k_val = q[-32:], k[-32:]  # the held-back eighth
+    with torch.no_grad():
+        a = target(q_val, k_val)
+        now = float((pair(q_val, k_val) - a).pow(2).sum() / a.pow(2).sum())
+    assert abs(now - result.best_val) < 1e-5 * max(1.0, result.best_val)
+    fixed = fit_pair(llops_pair(d, m, p, 1), q, k, target,
+                     FitConfig(steps=300, until_plateau=False, batch=128))
+    assert (fixed.steps, fixed.stopped, fixed.val_curve) == (300, "", [])

@@ -67,9 +67,7 @@ def test_points_cartesian_and_zipped():
     assert (8, 32) in cpu and (8, 256) not in cpu
 
 
-@pytest.mark.parametrize("name", ["p_ablation", "based_vs_llops", "m_ablation", "rank", "methods",
-                                  "normalize", "calibration", "paper_gpu", "diagnosis",
-                                  "state_updates", "warmstart_based", "warmstart"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")))
 @pytest.mark.parametrize("profile", ["smoke", "cpu", "paper"])
 def test_shipped_specs_load(name, profile):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", profile).points()
@@ -367,3 +365,30 @@ def test_best_refs_pick_the_seed_run_at_the_best_lr(tmp_path):
                                               distributions=dists))
     with pytest.raises(RefError, match="still running"):
         best_checkpoint("stage1", 0, url)
+
+
+def test_claim_with_paper_gain_prints_both_gains():
+    from sweeps import report
+
+    table = [{"hparams": {"feature_map": "LLoPS"}, "seed_values": {0: 0.9, 1: 0.8}},
+             {"hparams": {"feature_map": "Based"}, "seed_values": {0: 0.8, 1: 0.8}}]
+    claims = [{"name": "BASED+LLoPS > BASED+CT", "better": {"feature_map": "LLoPS"},
+               "worse": {"feature_map": "Based"}, "paper_gain": "warmstart"}]
+    (line,) = report.claims_text(report.claim_rows(table, claims))
+    assert line == ("- BASED+LLoPS > BASED+CT: holds in 1 of 2 seeds, mean gap +5.0 ± 7.1 "
+                    "points; relative gain +6.2% (the paper: +3.6% (360M), +1.8% (1B) in "
+                    "average zero-shot accuracy)")
+
+
+def test_learning_curves_hold_an_early_stop_and_plot(tmp_path):
+    from sweeps import report
+
+    steps, mean, lo, hi = report.mean_curve([[[250, 0.5], [500, 0.995]],
+                                             [[250, 0.3], [500, 0.6], [750, 0.8]]])
+    assert steps == [250, 500, 750]
+    assert mean == pytest.approx([0.4, 0.7975, 0.8975])  # the early stop holds 0.995
+    assert (lo[-1], hi[-1]) == (0.8, 0.995)
+    row = {"hparams": {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1}, "best_lr": 1e-3, "n": 2,
+           "curves": [[[250, 0.5], [500, 0.9]], [[250, 0.4], [500, 0.7]]]}
+    path = report.write_plot([row], {"x": "step", "name": "curves"}, tmp_path)
+    assert path.name == "curves.png" and path.stat().st_size > 1000

@@ -1,0 +1,147 @@
+"""Successive halving over the lr sub-grid, replayed on a finished grid (issue 13's cost rule).
+
+Every completed run keeps its validation curve (``val_curve``, (step, val/acc) pairs). For each
+grid point and seed, the runs at the point's lrs form one bracket, fed in trial order (as one
+worker would have run them) to Optuna's ``SuccessiveHalvingPruner``: each validation is reported
+and the pruner asked, exactly as a live sweep with ``pruner: halving`` asks it, but only against
+the runs of the same point and seed, never another point's. A pruned run counts with the best
+val/acc it had reached. The point's lr under halving is the lr with the best mean over seeds of
+those values; :func:`replay` says whether it is the full grid's best lr and how many training
+steps halving would have spent.
+
+Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` one
+sixth of the longest run's steps (500 at the ``cpu`` profile's 3000); a spec's ``pruner:
+{type: halving, ...}`` arguments replace them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeps.report import best_lr, by_point_and_lr
+
+Trials = list[optuna.trial.FrozenTrial]
+
+
+@dataclass
+class PointReplay:
+    """One grid point: best lr of the full grid and under halving, steps of each, and the
+    step each pruned run stopped at (``{(lr, seed): step}``)."""
+
+    point: tuple
+    best_full: float
+    best_halving: float
+    steps_full: int
+    steps_halving: int
+    pruned: dict[tuple[float, Any], int]
+
+
+def halving_args(spec_args: dict[str, Any], trials: Trials) -> dict[str, Any]:
+    """The pruner's arguments: the defaults above, replaced by the spec's."""
+    longest = max((int(t.user_attrs.get("global_step") or 0) for t in trials), default=0)
+    return {"reduction_factor": 3, "min_resource": max(1, longest // 6), **spec_args}
+
+
+def replay_bracket(runs: Trials, direction: str,
+                   args: dict[str, Any]) -> dict[int, tuple[float, int, bool]]:
+    """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner; returns
+    ``{trial number: (value reached, steps spent, pruned)}``."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=direction,
+                                pruner=optuna.pruners.SuccessiveHalvingPruner(**args))
+    out = {}
+    for run in runs:
+        live = study.ask()
+        best, steps, pruned = None, int(run.user_attrs.get("global_step") or 0), False
+        for step, value in run.user_attrs.get("val_curve") or []:
+            best = value if best is None else (max(best, value) if direction == "maximize"
+                                               else min(best, value))
+            live.report(value, int(step))
+            if live.should_prune():
+                steps, pruned = int(step), True
+                break
+        if pruned:
+            study.tell(live, state=TrialState.PRUNED)
+            out[run.number] = (best, steps, True)
+        else:
+            study.tell(live, run.value)
+            out[run.number] = (run.value, steps, False)
+    return out
+
+
+def replay(trials: Trials, direction: str = "maximize",
+           args: dict[str, Any] | None = None) -> list[PointReplay]:
+    """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
+    ``args``: the pruner's (default :func:`halving_args` of none)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+    args = args or halving_args({}, done)
+    maximize = direction == "maximize"
+    out = []
+    for point, by_lr in by_point_and_lr(done).items():
+        brackets: dict[Any, Trials] = defaultdict(list)
+        for runs in by_lr.values():
+            for t in runs:
+                brackets[t.params.get("seed_everything")].append(t)
+        reached: dict[int, tuple[float, int, bool]] = {}
+        for runs in brackets.values():
+            reached |= replay_bracket(sorted(runs, key=lambda t: t.number), direction, args)
+        means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
+                 for lr, runs in by_lr.items()}
+        pick = max if maximize else min
+        out.append(PointReplay(
+            point=point, best_full=best_lr(by_lr, maximize),
+            best_halving=pick(means, key=means.__getitem__),
+            steps_full=sum(int(t.user_attrs.get("global_step") or 0)
+                           for runs in by_lr.values() for t in runs),
+            steps_halving=sum(v[1] for v in reached.values()),
+            pruned={(lr, t.params.get("seed_everything")): reached[t.number][1]
+                    for lr, runs in by_lr.items() for t in runs if reached[t.number][2]}))
+    return out
+
+
+def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
+    """Markdown: one row per point, then the totals."""
+    lines = [f"Successive halving replayed on each point's lr sub-grid, one bracket per seed "
+             f"(`sweeps/halving.py`; {', '.join(f'{k}={v}' for k, v in sorted(args.items()))})."
+             f" A run stopped by the pruner counts with the best val/acc it had reached.", "",
+             "| point | best lr (full grid) | best lr (halving) | same | steps full | "
+             "steps halving | runs stopped (lr, seed @ step) |", "|---|---|---|---|---|---|---|"]
+    for r in replays:
+        name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r.point) or "all"
+        stopped = "; ".join(f"{lr:g}, {seed} @ {step}" for (lr, seed), step in
+                            sorted(r.pruned.items()))
+        lines.append(f"| {name} | {r.best_full:g} | {r.best_halving:g} | "
+                     f"{'yes' if r.best_full == r.best_halving else '**no**'} | "
+                     f"{r.steps_full} | {r.steps_halving} | {stopped or '-'} |")
+    full = sum(r.steps_full for r in replays)
+    kept = sum(r.best_full == r.best_halving for r in replays)
+    if full:
+        spent = sum(r.steps_halving for r in replays)
+        lines += ["", f"Same best lr at {kept} of {len(replays)} points; halving spends "
+                      f"{spent} of {full} training steps ({100 * spent / full:.0f}%)."]
+    return lines
+
+
+def spec_halving_args(spec: Any) -> dict[str, Any]:
+    """The spec's own halving arguments, if its pruner is ``halving``."""
+    return dict(spec.pruner_args) if spec.pruner == "halving" else {}
+
+
+
+
+def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
+    """``halving.md`` beside the study's table when its points tried more than one lr."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+    if len({t.params.get("model.lr") for t in done}) < 2:
+        return []
+    args = halving_args(spec_halving_args(spec), done)
+    path = out / "halving.md"
+    path.write_text("\n".join(["# Successive halving on the lr sub-grid", "",
+                               *halving_text(replay(done, spec.direction, args), args)]) + "\n")
+    return [path]

@@ -1,0 +1,116 @@
+"""Reusing finished runs of other studies (a spec's ``reuse: [study, ...]``).
+
+A grid point whose run would be the same experiment as a finished run of a named study is
+recorded from that run instead of trained again: its value, curves and checkpoints, with
+``reused_from: <study>#<trial>``. Two runs are the same experiment when their resolved
+``main.py`` configurations are equal, both parsed by the current code (so a key added since
+the earlier run counts at its default): model, data, trainer budget and callbacks, seed.
+The run's name, output folder and console options do not count. A point that names another
+study's run (``best:<study>``) is never reused.
+
+The saving is real across the shipped studies: ``p_ablation``'s p=4 runs are
+``based_vs_llops``'s LLoPS d=128 runs and ``diagnosis``'s baseline, its t=1 points ``rank``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.trial import TrialState
+
+from sweeps.spec import SweepSpec
+
+IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
+           ("trainer", "enable_model_summary"), ("config",), ("ckpt_path",),
+           ("checkpoint", "dirpath"))
+"""Config entries that name where and how a run prints, not what it trains."""
+
+
+def _parse_only_cli(args: list[str]) -> Any:
+    """``main.py``'s parser over ``args`` (no subcommand), nothing checked or built."""
+    from arbench.cli import TRAINER_DEFAULTS, ArbenchCLI, ArbenchParser
+    from arbench.data.datamodule import MQARDataModule
+    from arbench.lit import LitRecall
+
+    class ParseOnly(ArbenchCLI):
+        def _check_run(self, subcommand: str, cfg: Any) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def _set_seed(self) -> None:
+            pass
+
+    with torch.random.fork_rng(devices=[]):
+        return ParseOnly(LitRecall, MQARDataModule, seed_everything_default=0,
+                         trainer_defaults=TRAINER_DEFAULTS, args=args, run=False,
+                         parser_class=ArbenchParser)
+
+
+def experiment(args: list[str]) -> str:
+    """The resolved configuration of ``main.py`` ``args`` less :data:`IGNORED`, as a
+    canonical JSON string."""
+    config = _parse_only_cli(args).config.as_dict()
+    for path in IGNORED:
+        node = config
+        for key in path[:-1]:
+            node = node.get(key) or {}
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]:
+    """``{experiment: trial}`` of the completed runs of ``study_names`` (each from its saved
+    ``config.yaml``; runs whose folder is gone or whose config no longer parses are skipped)."""
+    known = set(optuna.get_all_study_names(storage))
+    out: dict[str, Any] = {}
+    for name in study_names:
+        if name not in known:
+            print(f"note: reuse: study {name} has not run in this storage; every point of "
+                  f"this study is trained", file=sys.stderr, flush=True)
+            continue
+        study = optuna.load_study(study_name=name, storage=storage)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            saved = Path(str(t.user_attrs.get("log_dir") or "")) / "config.yaml"
+            if t.user_attrs.get("reused_from") or not saved.is_file():
+                continue
+            try:
+                out.setdefault(experiment(["--config", str(saved)]), (name, t))
+            except (SystemExit, Exception):  # an old run's keys this code no longer takes
+                continue
+    return out
+
+
+def reuse_trial(point: dict[str, Any], source: tuple[str, Any],
+                distributions: dict[str, Any]) -> optuna.trial.FrozenTrial:
+    """A COMPLETE trial for ``point`` holding the result of ``source`` ``(study, trial)``."""
+    name, done = source
+    return optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=done.value, params=point,
+        distributions=distributions,
+        user_attrs={**done.user_attrs, "reused_from": f"{name}#{done.number}"},
+        system_attrs={"fixed_params": point})
+
+
+def matches(spec: SweepSpec, points: list[dict[str, Any]], storage: Any) -> dict[int, Any]:
+    """``{index in points: (study, trial)}`` for the points a finished run stands for."""
+    from sweeps.worker import trial_args
+
+    if not spec.reuse:
+        return {}
+    done = finished_experiments(spec.reuse, storage)
+    out = {}
+    for i, point in enumerate(points):
+        if any(str(v).startswith("best:") for v in point.values()):
+            continue
+        key = experiment(trial_args(spec, point, "runs", "reuse"))
+        if key in done:
+            out[i] = done[key]
+    return out

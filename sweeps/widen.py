@@ -1,0 +1,113 @@
+"""Widening a point's lr sub-grid where its best lr sits at an edge (issue 13's protocol).
+
+A grid point whose trials have all finished and whose best lr (mean over seeds) is the lowest
+or the highest lr tried gets one more lr beyond that edge, a step as wide as the last one
+(``lr_edge² / lr_next``, e.g. 9e-5 below {3e-4, 1e-3, 3e-3}), for each seed that ran at the
+best lr. At most ``max_added`` lrs are added on each side of the spec's own lrs. The rule is
+the same for every point, so no method gets a wider search than another unless its own
+results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no point is at
+an edge (or each has N added lrs there).
+
+Grid numbers are recorded with one-value int/float distributions
+(:func:`sweeps.worker.suggest_fixed`), which Optuna lets differ between trials. A study
+recorded before that holds them as categorical choices, which Optuna keeps fixed per study;
+:func:`lift_numeric_params` converts those (losslessly) before a study is widened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    distribution_to_json,
+    json_to_distribution,
+)
+from optuna.storages import RDBStorage
+from optuna.trial import TrialState
+
+from sweeps.report import VARYING, best_lr, by_point_and_lr
+from sweeps.spec import SweepSpec
+from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
+
+BUSY = (TrialState.WAITING, TrialState.RUNNING)
+
+
+def point_key(params: dict[str, Any]) -> tuple:
+    """The grid point of ``params`` less seed and lr (as :func:`sweeps.report.by_point_and_lr`
+    keys it)."""
+    return tuple(sorted((k, str(v)) for k, v in params.items() if k not in VARYING))
+
+
+def next_lr(lrs: list[float], low: bool) -> float:
+    """One geometric step beyond the low (or high) end of the sorted ``lrs``, 3 digits."""
+    edge, inner = (lrs[0], lrs[1]) if low else (lrs[-1], lrs[-2])
+    return float(f"{edge * edge / inner:.3g}")
+
+
+def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list[dict[str, Any]]:
+    """The trials (grid values with seed and lr) that widen every finished point whose best lr
+    is at an edge of the lrs it tried."""
+    trials = study.get_trials(deepcopy=False)
+    busy = {point_key(grid_point(t)) for t in trials if t.state in BUSY}
+    queued = []
+    for point, by_lr in by_point_and_lr(trials).items():
+        lrs = sorted(by_lr)
+        if point in busy or len(lrs) < 2:
+            continue
+        best = best_lr(by_lr, spec.direction == "maximize")
+        if best not in (lrs[0], lrs[-1]):
+            continue
+        low = best == lrs[0]
+        beyond = [lr for lr in lrs if (lr < min(spec.lr) if low else lr > max(spec.lr))]
+        if len(beyond) >= max_added:
+            continue
+        new = next_lr(lrs, low)
+        queued += [{**grid_point(t), "model.lr": new} for t in by_lr[best]]
+    return queued
+
+
+def lift_numeric_params(storage: RDBStorage, study_name: str) -> int:
+    """Rewrite the study's categorical params whose choices are all numbers as one-value
+    int/float params with the same value; returns how many were rewritten."""
+    from optuna.storages._rdb.models import TrialModel, TrialParamModel
+
+    study_id = storage.get_study_id_from_name(study_name)
+    session = storage.scoped_session()
+    changed = 0
+    try:
+        rows = (session.query(TrialParamModel).join(TrialModel)
+                .filter(TrialModel.study_id == study_id).all())
+        for row in rows:
+            dist = json_to_distribution(row.distribution_json)
+            if not isinstance(dist, CategoricalDistribution) or \
+                    not all(is_number(c) for c in dist.choices):
+                continue
+            value = dist.to_external_repr(row.param_value)
+            new = IntDistribution(value, value) if isinstance(value, int) \
+                else FloatDistribution(float(value), float(value))
+            row.distribution_json = distribution_to_json(new)
+            row.param_value = new.to_internal_repr(value)
+            changed += 1
+        session.commit()
+    finally:
+        session.close()
+    return changed
+
+
+def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str, Any]]:
+    """Queue :func:`widened_points` (under the grid's queue lock; a study recorded with
+    categorical numbers is lifted first; a run a ``reuse:`` study has is recorded from it);
+    returns the widened points."""
+    with queue_lock(storage, spec.study):
+        lift_numeric_params(storage, spec.study)
+        study = optuna.load_study(study_name=spec.study, storage=storage)
+        points = widened_points(study, spec, max_added)
+        reused = reuse_points(study, spec, points, storage)
+        for i, point in enumerate(points):
+            if i not in reused:
+                study.enqueue_trial(point, skip_if_exists=False)
+    return points

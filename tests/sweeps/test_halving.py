@@ -1,0 +1,54 @@
+"""Successive halving replayed on recorded curves: brackets per point and seed, steps, lr."""
+
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeps.halving import halving_text, replay
+
+STEPS = list(range(250, 3001, 250))
+
+
+def run(number, p, lr, seed, rate):
+    """A finished run whose val/acc climbs at ``rate`` per validation, capped at 1."""
+    curve = [[s, min(1.0, rate * (i + 1))] for i, s in enumerate(STEPS)]
+    params = {"p": p, "model.lr": lr, "seed_everything": seed}
+    dists = {"p": IntDistribution(p, p), "model.lr": FloatDistribution(lr, lr),
+             "seed_everything": IntDistribution(seed, seed)}
+    t = create_trial(state=TrialState.COMPLETE, params=params, distributions=dists,
+                     value=max(v for _, v in curve),
+                     user_attrs={"val_curve": curve, "global_step": STEPS[-1]})
+    t.number = number
+    return t
+
+
+def grid(rates):
+    """``rates[p][lr_index]`` for seeds 0 and 1, in the order a sweep queues them."""
+    trials = []
+    for p, by_lr in rates.items():
+        for seed in (0, 1):
+            for lr, rate in zip((3e-4, 1e-3, 3e-3), by_lr):
+                trials.append(run(len(trials), p, lr, seed, rate + 0.001 * seed))
+    return trials
+
+
+def test_halving_stops_the_slow_lrs_and_keeps_the_best():
+    # p=2: the first lr run is the best, so the later, slower ones are stopped at a rung
+    trials = grid({2: [0.08, 0.02, 0.01]})
+    [point] = replay(trials, args={"min_resource": 500, "reduction_factor": 3})
+    assert point.best_full == point.best_halving == 3e-4
+    assert point.pruned and all(lr != 3e-4 for lr, _ in point.pruned)
+    assert point.steps_full == 6 * 3000
+    assert point.steps_halving == 2 * 3000 + sum(point.pruned.values()) + \
+        sum(3000 for lr in (1e-3, 3e-3) for seed in (0, 1) if (lr, seed) not in point.pruned)
+    assert point.steps_halving < point.steps_full
+
+
+def test_points_never_compete_with_each_other():
+    # p=6 learns far slower than p=2 at every lr; in one shared bracket its runs would be
+    # stopped, but each point has its own brackets, so p=6's first lr always finishes
+    trials = grid({2: [0.1, 0.09, 0.08], 6: [0.001, 0.002, 0.003]})
+    replays = {dict(r.point)["p"]: r for r in replay(trials, args={"min_resource": 500,
+                                                                   "reduction_factor": 3})}
+    assert (3e-4, 0) not in replays["6"].pruned and (3e-4, 1) not in replays["6"].pruned
+    text = "\n".join(halving_text(list(replays.values()), {"reduction_factor": 3}))
+    assert "| p=2 |" in text and "| p=6 |" in text and "training steps" in text

@@ -1,0 +1,40 @@
+"""On a grid, a pruner decides within the trial's bracket (same point and seed, any lr)."""
+
+import optuna
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeps.pruning import BracketPruner
+
+
+def finished(p, lr, seed, values):
+    params = {"p": p, "model.lr": lr, "seed_everything": seed}
+    dists = {"p": IntDistribution(p, p), "model.lr": FloatDistribution(lr, lr),
+             "seed_everything": IntDistribution(seed, seed)}
+    return create_trial(state=TrialState.COMPLETE, params=params, distributions=dists,
+                        value=values[-1],
+                        intermediate_values={100 * (i + 1): v for i, v in enumerate(values)})
+
+
+def running(study, p, lr, seed, values):
+    trial = study.ask({"p": IntDistribution(p, p), "model.lr": FloatDistribution(lr, lr),
+                       "seed_everything": IntDistribution(seed, seed)})
+    for i, v in enumerate(values):
+        trial.report(v, 100 * (i + 1))
+    return trial
+
+
+def test_only_the_trials_bracket_decides():
+    median = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
+    study = optuna.create_study(direction="maximize", pruner=BracketPruner(median))
+    study.add_trial(finished(2, 1e-3, 0, [0.8, 0.9]))   # another point: p=2
+    study.add_trial(finished(6, 1e-3, 1, [0.8, 0.9]))   # the same point, another seed
+    slow = running(study, 6, 3e-3, 0, [0.1, 0.2])
+    assert not slow.should_prune()                      # nothing in its bracket has finished
+    study.add_trial(finished(6, 3e-4, 0, [0.5, 0.6]))   # its bracket: p=6, seed 0
+    slower = running(study, 6, 1e-2, 0, [0.1, 0.2])
+    assert slower.should_prune()
+    # without brackets the p=2 run alone would already have stopped the first one
+    plain = optuna.create_study(direction="maximize", pruner=median)
+    plain.add_trial(finished(2, 1e-3, 0, [0.8, 0.9]))
+    assert running(plain, 6, 3e-3, 0, [0.1, 0.2]).should_prune()

@@ -1,0 +1,48 @@
+"""A finished run of another study stands for an equal grid point (``reuse:``)."""
+
+import optuna
+from paths import SMOKE, config
+from test_sweeps import sweep, write_spec
+
+from sweeps.reuse import experiment
+
+
+def test_the_same_experiment_written_two_ways_is_equal():
+    via_p4 = experiment(["--config", config("p4.yaml"), *SMOKE,
+                         "--model.feature_map.init_args.p=2",
+                         "--trainer.logger.init_args.name=a"])
+    via_p2 = experiment(["--config", config("p2.yaml"), *SMOKE,
+                         "--trainer.logger.init_args.name=b", "--trainer.enable_progress_bar=false"])
+    assert via_p4 == via_p2
+    assert via_p2 != experiment(["--config", config("p2.yaml"), *SMOKE,
+                                 "--model.lr=0.01"])
+    assert via_p2 != experiment(["--config", config("p2.yaml"), *SMOKE,
+                                 "--seed_everything=1"])
+
+
+def test_a_study_reuses_the_equal_runs_of_another(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    first = write_spec(tmp_path, "first", {"model.feature_map.init_args.p": [2],
+                                           "seed_everything": [0]})
+    assert sweep("run", str(first), "--storage", url, cwd=tmp_path).returncode == 0
+    second = write_spec(tmp_path, "second", {"config": [config("p2.yaml")],
+                                             "seed_everything": [0, 1]},
+                        configs=[], reuse=["first"])
+    out = sweep("run", str(second), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "reused 1 finished run(s): first#0" in out.stdout
+    done = optuna.load_study(study_name="first", storage=url).trials[0]
+    trials = optuna.load_study(study_name="second", storage=url).trials
+    reused = [t for t in trials if t.user_attrs.get("reused_from")]
+    assert [(t.params["seed_everything"], t.user_attrs["reused_from"], t.value)
+            for t in reused] == [(0, "first#0", done.value)]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials) and len(trials) == 2
+
+
+def test_reuse_of_a_study_that_never_ran_is_a_note_and_trains_everything(tmp_path):
+    spec = write_spec(tmp_path, "lonely", {"seed_everything": [0]}, reuse=["nosuch"])
+    out = sweep("run", str(spec), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}",
+                cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "note: reuse: study nosuch has not run in this storage" in out.stderr
+    assert "complete 1" in out.stdout
