@@ -41,9 +41,10 @@ class ApproxConfig:
         help="also fit the feature map of this method config (its model.feature_map block, "
              "e.g. configs/p4.yaml; repeatable), a row named by its run name")
     out: str = opt("results/approx", help="output folder")
-    steps: int = opt(2000, help="Adam steps per fit (cosine decay, seeded)")
+    steps: int = opt(2000, help="the most Adam steps per fit; a fit ends earlier once its "
+                                "validation loss stops improving (seeded)")
     lrs: tuple[float, ...] = opt((1e-2, 3e-2), flag="--lr", help="learning rates; each fitted "
-                                 "method keeps its best final train loss")
+                                 "method keeps its lowest validation loss")
     batch: int = opt(512, help="queries and keys per step")
     init_ratio: float = opt(0.25, help="initial ‖Â‖/‖A‖ on the first batch (0: as built)")
     seed: int = opt(0, help="seed of the split and the fits")
@@ -121,8 +122,10 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         "held-out (query, key) pairs.",
         "q and k are divided by √c, c = RMS of q·k over the training pairs, so (q·k)^p is O(1); "
         "the relative errors of the polynomial maps and of the floor do not depend on c.",
-        f"Fitted maps: Adam, {config.fit.steps} steps, lr (cosine to lr/100) chosen per method "
-        f"and layer from {list(config.lrs or (config.fit.lr,))} by final training loss, "
+        f"Fitted maps: Adam until the loss on a held-back eighth of the training queries and "
+        f"keys stopped improving (lr /10 after 3 checks without a 1% gain, twice; at most "
+        f"{config.fit.steps} steps; steps and stop per fit in table.csv), lr chosen per method "
+        f"and layer from {list(config.lrs or (config.fit.lr,))} by that validation loss, "
         f"{config.fit.batch}×{config.fit.batch} pairs a step, loss ‖Â−A‖²_F/‖A‖²_F, seed "
         f"{config.fit.seed}, estimate rescaled at init to {config.fit.init_ratio}×‖A‖; "
         "PolySketchFormer is a fixed Gaussian sketch shared by q and k (unbiased, not fitted); "
