@@ -136,7 +136,10 @@ def spec_halving_args(spec: Any) -> dict[str, Any]:
 
 
 def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
-    """``halving.md`` beside the study's table when its points tried more than one lr."""
+    """``halving.md`` beside the study's table when its points tried more than one lr and
+    no pruner ran live (a replay needs every run's whole curve)."""
+    if getattr(spec, "pruner", "none") != "none":
+        return []
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
     if len({t.params.get("model.lr") for t in done}) < 2:
         return []

@@ -36,6 +36,9 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
     (by_lr,) = points.values()
     best = best_lr(by_lr, study.direction == optuna.study.StudyDirection.MAXIMIZE)
     match = [t for t in by_lr[best] if t.params.get("seed_everything") == seed]
+    if match and match[0].state == TrialState.PRUNED:
+        raise RefError(f"best:{study_name}: its run with seed {seed} at its best lr {best:g} "
+                       "was stopped by the pruner (run that study without one)")
     path = match[0].user_attrs.get("last_checkpoint") if match else None
     if not path:
         raise RefError(f"best:{study_name}: no finished run with seed {seed} at its best lr "

@@ -49,31 +49,47 @@ def status_lines(storage: Any) -> list[str]:
 Trials = list[optuna.trial.FrozenTrial]
 
 
+def run_value(t: optuna.trial.FrozenTrial, maximize: bool = True) -> float:
+    """A run's objective: its value when it completed; for a run the pruner stopped, the
+    best it had reached (its best intermediate value), as :mod:`sweeps.halving` counts it."""
+    if t.state == TrialState.PRUNED:
+        reached = t.intermediate_values.values()
+        return max(reached) if maximize else min(reached)
+    return t.value
+
+
 def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
-    """Completed ``trials`` grouped by grid point (params less seed and lr), then by lr."""
+    """Finished ``trials`` (completed, or pruned after at least one validation) grouped by
+    grid point (params less seed and lr), then by lr. A pruned run stays in its lr's group,
+    counted by :func:`run_value`: leaving it out would average that lr over only the seeds
+    that survived halving."""
     grouped: dict[tuple, dict[float, Trials]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
-        if t.state == TrialState.COMPLETE:
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED
+                                              and t.intermediate_values):
             point = tuple(sorted((k, str(v)) for k, v in t.params.items() if k not in VARYING))
             grouped[point][t.params.get("model.lr", 0.0)].append(t)
     return grouped
 
 
 def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:
-    """The lr whose trials have the best mean objective (over seeds)."""
+    """The lr whose trials have the best mean objective (over seeds, :func:`run_value`)."""
     sign = 1 if maximize else -1
-    return max(by_lr, key=lambda lr: sign * statistics.fmean(t.value for t in by_lr[lr]))
+    return max(by_lr, key=lambda lr: sign * statistics.fmean(run_value(t, maximize)
+                                                             for t in by_lr[lr]))
 
 
 def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
     """One row per point at its best lr."""
     study = optuna.load_study(study_name=spec.study, storage=storage)
     out = []
+    maximize = spec.direction == "maximize"
     for point, by_lr in by_point_and_lr(study.get_trials(deepcopy=False)).items():
-        best = best_lr(by_lr, spec.direction == "maximize")
+        best = best_lr(by_lr, maximize)
         trials = by_lr[best]
-        values = [t.value for t in trials]
-        hp = dict(trials[0].user_attrs.get("hparams") or {})
+        values = [run_value(t, maximize) for t in trials]
+        hp = dict(next((t.user_attrs["hparams"] for ts in by_lr.values() for t in ts
+                        if t.user_attrs.get("hparams")), {}))
         slices: dict[str, list[float]] = defaultdict(list)
         for t in trials:
             for name, acc in (t.user_attrs.get("slices") or {}).items():
@@ -90,8 +106,11 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                                if t.user_attrs.get("device")}),
             "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
-            "lr_means": {lr: statistics.fmean(t.value for t in ts) for lr, ts in by_lr.items()},
-            "seed_values": {t.params.get("seed_everything"): t.value for t in trials},
+            "pruned": sum(t.state == TrialState.PRUNED for t in trials),
+            "lr_means": {lr: statistics.fmean(run_value(t, maximize) for t in ts)
+                         for lr, ts in by_lr.items()},
+            "seed_values": {t.params.get("seed_everything"): run_value(t, maximize)
+                            for t in trials},
             "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "paper": paper_value(hp),
@@ -151,7 +170,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
           "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
           "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
-          "start after halving), a best lr at the edge of the lrs tried. One row per run: "
+          "start after halving), runs at the best lr stopped by the pruner (counted with the best "
+          "they had reached), a best lr at the edge of the lrs tried. One row per run: "
           "runs.csv.", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     devices = sorted({d for r in table for d in r["devices"]})
@@ -172,7 +192,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
             "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
             "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
-            "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
+            "pruned": r["pruned"], "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
             **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
             "wall_time_s": r["wall_time_s"]})
     claims = claim_rows(table, getattr(spec, "claims", []))
@@ -244,10 +264,13 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def flags(row: dict[str, Any]) -> str:
-    """The protocol's warnings for a table row: collapsed runs, best lr at a grid edge."""
+    """The protocol's warnings for a table row: collapsed runs, runs at the best lr that the
+    pruner stopped (counted with the best they had reached), best lr at a grid edge."""
     out = []
     if row["collapsed"]:
         out.append(f"{row['collapsed']} collapsed")
+    if row.get("pruned"):
+        out.append(f"{row['pruned']} pruned")
     if row["lr_at_edge"]:
         out.append("best lr at grid edge")
     return "; ".join(out)
@@ -265,7 +288,12 @@ def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
     keys = sorted({k for t in trials for k in t.params if k not in VARYING})
     out = []
     for t in trials:
-        ua = t.user_attrs
+        ua = dict(t.user_attrs)
+        if t.state == TrialState.PRUNED and t.intermediate_values:
+            steps = sorted(t.intermediate_values)
+            ua.setdefault("val_acc", run_value(t, spec.direction == "maximize"))
+            ua.setdefault("last_val_acc", t.intermediate_values[steps[-1]])
+            ua.setdefault("global_step", steps[-1])
         out.append({"trial": t.number, "state": t.state.name.lower(),
                     **{k: t.params.get(k) for k in keys},
                     "lr": t.params.get("model.lr"), "seed": t.params.get("seed_everything"),

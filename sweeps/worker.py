@@ -344,6 +344,24 @@ def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> d
     return params
 
 
+def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
+                  wall_time_s: float) -> None:
+    """What a run the pruner stopped had done: its validations (``val_curve``, (step, value)
+    pairs of the objective), the step it stopped at, its wall time, and what its
+    ``summary.json`` holds when the run wrote one (hparams, slices, device)."""
+    reached = sorted(storage.get_trial(trial._trial_id).intermediate_values.items())
+    trial.set_user_attr("val_curve", [[int(s), v] for s, v in reached])
+    if reached:
+        trial.set_user_attr("global_step", int(reached[-1][0]))
+    trial.set_user_attr("wall_time_s", wall_time_s)
+    trial.set_user_attr("log_dir", str(log_dir))
+    summary = log_dir / "summary.json"
+    if summary.is_file():
+        saved = json.loads(summary.read_text())
+        for key in ("hparams", "slices", "device", "collapsed_at"):
+            trial.set_user_attr(key, saved.get(key))
+
+
 def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage,
               runs_root: Path, log: Any) -> None:
     """Train one point in-process and record its result (or its failure) on the trial."""
@@ -372,6 +390,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
         summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
     except optuna.TrialPruned:
+        record_pruned(trial, storage, Path(trainer.log_dir), time.time() - t0)
         study.tell(trial, state=TrialState.PRUNED)
         log(f"trial {trial.number} {name}: pruned after {time.time() - t0:.0f} s")
         return

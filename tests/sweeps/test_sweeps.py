@@ -195,6 +195,16 @@ def test_pruned_trials_are_recorded_and_the_sweep_goes_on(tmp_path):
     assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
     assert all(list(t.intermediate_values) == [3] for t in trials)
     assert all(0 <= v <= 1 for t in trials for v in t.intermediate_values.values())
+    for t in trials:  # what the run had done is kept: curve, step, wall time, hparams
+        assert t.user_attrs["val_curve"] == [[3, t.intermediate_values[3]]]
+        assert t.user_attrs["global_step"] == 3 and t.user_attrs["wall_time_s"] > 0
+        assert t.user_attrs["hparams"]["feature_map"] == "LLoPS"
+    out = sweep("report", str(spec), "--storage", url, "--out", str(tmp_path / "res"),
+                cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    table = (tmp_path / "res" / "prune" / "table.md").read_text()
+    assert "(2) |" in table and "2 pruned" in table, table
+    assert not (tmp_path / "res" / "prune" / "halving.md").exists()  # no replay of a live pruner
 
 
 def test_median_pruner_reports_every_validation(tmp_path):
