@@ -3,6 +3,9 @@ against the trials of its own bracket on a grid (:class:`BracketPruner`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import optuna
 from lightning.pytorch import LightningModule, Trainer
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
@@ -36,10 +39,22 @@ class BracketPruner(optuna.pruners.BasePruner):
     method) never stop this one. Successive halving over the lr sub-grid is then the
     protocol's cost rule, which ``sweeps.halving`` replays on finished grids."""
 
-    def __init__(self, base: optuna.pruners.BasePruner):
+    def __init__(self, base: optuna.pruners.BasePruner, grid_lrs: Sequence[float] | None = None):
         self.base = base
+        self.grid_lrs = None if grid_lrs is None else [float(lr) for lr in grid_lrs]
+
+    def widened(self, trial: optuna.trial.FrozenTrial) -> bool:
+        """Whether ``trial`` runs an lr beyond the spec's sub-grid (``sweeps.widen``): that run
+        tests whether an edge lr is the best, so it runs its whole budget. Under halving it
+        would otherwise meet runs that are already finished at every rung, and a lower lr,
+        slower to start, would be stopped at the first."""
+        lr = trial.params.get("model.lr")
+        return self.grid_lrs is not None and lr is not None and not any(
+            math.isclose(float(lr), g, rel_tol=1e-9) for g in self.grid_lrs)
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if self.widened(trial):
+            return False
         return self.base.prune(_BracketView(study, bracket_key(trial.params)), trial)
 
 

@@ -100,7 +100,7 @@ def study_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     if spec.sampler == "grid" and spec.pruner != "none":
         from sweeps.pruning import BracketPruner
 
-        return BracketPruner(pruner)
+        return BracketPruner(pruner, grid_lrs=spec.lr or None)
     return pruner
 
 

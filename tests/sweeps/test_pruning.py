@@ -38,3 +38,17 @@ def test_only_the_trials_bracket_decides():
     plain = optuna.create_study(direction="maximize", pruner=median)
     plain.add_trial(finished(2, 1e-3, 0, [0.8, 0.9]))
     assert running(plain, 6, 3e-3, 0, [0.1, 0.2]).should_prune()
+
+
+def test_a_widened_lr_runs_its_whole_budget():
+    # the bracket's three grid lrs finished; an lr added below the grid by --widen starts
+    # slower than all of them but is never stopped, while a grid lr that slow would be
+    halving = optuna.pruners.SuccessiveHalvingPruner(min_resource=100, reduction_factor=3)
+    study = optuna.create_study(direction="maximize",
+                                pruner=BracketPruner(halving, grid_lrs=[3e-4, 1e-3, 3e-3]))
+    for lr in (3e-4, 1e-3, 3e-3):  # each passes the first rung (step 100) at 0.5
+        grid_run = running(study, 2, lr, 0, [0.5])
+        assert not grid_run.should_prune()
+        study.tell(grid_run, 0.9)
+    assert not running(study, 2, 9e-5, 0, [0.1]).should_prune()
+    assert running(study, 2, 3e-3, 0, [0.1]).should_prune()
