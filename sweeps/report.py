@@ -101,6 +101,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
             "point": dict(point), "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
             "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
             "converged": sum(known) / len(known) if known else math.nan,
+            "not_converged": len(known) - sum(known),
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in trials),
             "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
                                if t.user_attrs.get("device")}),
@@ -170,9 +171,9 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
           "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
           "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
-          "start after halving), runs at the best lr stopped by the pruner (counted with the best "
-          "they had reached), a best lr at the edge of the lrs tried. One row per run: "
-          "runs.csv.", "",
+          "start after halving), runs at the best lr that had not converged, runs there "
+          "stopped by the pruner (counted with the best they had reached), a best lr at the "
+          "edge of the lrs tried. One row per run: runs.csv.", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     devices = sorted({d for r in table for d in r["devices"]})
     if devices:
@@ -264,11 +265,14 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def flags(row: dict[str, Any]) -> str:
-    """The protocol's warnings for a table row: collapsed runs, runs at the best lr that the
-    pruner stopped (counted with the best they had reached), best lr at a grid edge."""
+    """The protocol's warnings for a table row: collapsed runs, runs at the best lr that had
+    not converged, runs there that the pruner stopped (counted with the best they had
+    reached), best lr at a grid edge."""
     out = []
     if row["collapsed"]:
         out.append(f"{row['collapsed']} collapsed")
+    if row.get("not_converged"):
+        out.append(f"{row['not_converged']} of {row['n']} not converged")
     if row.get("pruned"):
         out.append(f"{row['pruned']} pruned")
     if row["lr_at_edge"]:

@@ -279,7 +279,7 @@ def test_report_flags_and_one_row_per_run(tmp_path):
     (row,) = report.rows(spec, storage)
     assert row["best_lr"] == 1e-3 and row["n"] == 3 and row["n_lrs"] == 3
     assert row["converged"] == 2 / 3 and row["collapsed"] == 1 and not row["lr_at_edge"]
-    assert report.flags(row) == "1 collapsed"
+    assert report.flags(row) == "1 collapsed; 1 of 3 not converged"
     report.write_table(spec, [row], tmp_path)
     table = next(csv.DictReader((tmp_path / "table.csv").open()))
     assert (table["n"], table["n_lrs"], table["collapsed"]) == ("3", "3", "1")
@@ -290,7 +290,7 @@ def test_report_flags_and_one_row_per_run(tmp_path):
     assert {"p", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged", "collapsed_at",
             "wall_time_s", "state"} <= set(runs[0])
     assert sum(r["collapsed_at"] == "520" for r in runs) == 1
-    edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0)
+    edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0, not_converged=0)
     assert report.flags(edge) == "best lr at grid edge"
 
 
