@@ -7,15 +7,19 @@ and the pruner asked, exactly as a live sweep with ``pruner: halving`` asks it, 
 the runs of the same point and seed, never another point's. A pruned run counts with the best
 val/acc it had reached. The point's lr under halving is the lr with the best mean over seeds of
 those values; :func:`replay` says whether it is the full grid's best lr and how many training
-steps halving would have spent.
+steps halving would have spent. :func:`order_checks` replays it under every order of the lrs
+within a bracket, since a live sweep's order changes with retries and parallel workers.
 
-Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` one
-sixth of the longest run's steps (500 at the ``cpu`` profile's 3000); a spec's ``pruner:
-{type: halving, ...}`` arguments replace them.
+Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` half
+the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). On ``p_ablation`` a first
+rung at a sixth of the budget kept every point's best lr in only some orders of the lrs
+(``results/p_ablation/halving.md``); a spec's ``pruner: {type: halving, ...}`` arguments
+replace the defaults.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -45,7 +49,7 @@ class PointReplay:
 def halving_args(spec_args: dict[str, Any], trials: Trials) -> dict[str, Any]:
     """The pruner's arguments: the defaults above, replaced by the spec's."""
     longest = max((int(t.user_attrs.get("global_step") or 0) for t in trials), default=0)
-    return {"reduction_factor": 3, "min_resource": max(1, longest // 6), **spec_args}
+    return {"reduction_factor": 3, "min_resource": max(1, longest // 2), **spec_args}
 
 
 def replay_bracket(runs: Trials, direction: str,
@@ -75,10 +79,11 @@ def replay_bracket(runs: Trials, direction: str,
     return out
 
 
-def replay(trials: Trials, direction: str = "maximize",
-           args: dict[str, Any] | None = None) -> list[PointReplay]:
+def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | None = None,
+           order: dict[float, int] | None = None) -> list[PointReplay]:
     """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
-    ``args``: the pruner's (default :func:`halving_args` of none)."""
+    ``args``: the pruner's (default :func:`halving_args` of none); ``order``: the rank of
+    each lr within a bracket (default: the runs' trial order)."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
     args = args or halving_args({}, done)
     maximize = direction == "maximize"
@@ -90,7 +95,9 @@ def replay(trials: Trials, direction: str = "maximize",
                 brackets[t.params.get("seed_everything")].append(t)
         reached: dict[int, tuple[float, int, bool]] = {}
         for runs in brackets.values():
-            reached |= replay_bracket(sorted(runs, key=lambda t: t.number), direction, args)
+            key = (lambda t: t.number) if order is None else \
+                (lambda t: (order[t.params.get("model.lr")], t.number))
+            reached |= replay_bracket(sorted(runs, key=key), direction, args)
         means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
                  for lr, runs in by_lr.items()}
         pick = max if maximize else min
@@ -103,6 +110,60 @@ def replay(trials: Trials, direction: str = "maximize",
             pruned={(lr, t.params.get("seed_everything")): reached[t.number][1]
                     for lr, runs in by_lr.items() for t in runs if reached[t.number][2]}))
     return out
+
+
+@dataclass
+class OrderCheck:
+    """Replays of one ``min_resource`` under every order of the lrs within a bracket: per
+    order, the points whose best lr halving kept, and the share of training steps spent."""
+
+    min_resource: int
+    kept: list[int]
+    spent: list[float]
+    points: int
+
+
+MAX_ORDERS = 120
+"""At most this many lr orders are replayed (every order of up to 5 lrs)."""
+
+
+def order_checks(trials: Trials, direction: str, args: dict[str, Any],
+                 fractions: tuple[float, ...] = (1 / 6, 1 / 3, 1 / 2)) -> list[OrderCheck]:
+    """Halving replayed with its first rung at each of ``fractions`` of the longest run, under
+    every order of the lrs within a bracket. In a live sweep the order is the order runs reach
+    each rung, which retries and parallel workers change; a setting whose best lr depends on
+    it is not one to trust."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+    longest = max((int(t.user_attrs.get("global_step") or 0) for t in done), default=0)
+    lrs = sorted({t.params.get("model.lr") for t in done})
+    orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
+    out = []
+    for fraction in fractions:
+        step_args = {**args, "min_resource": max(1, int(longest * fraction))}
+        kept, spent = [], []
+        for perm in orders:
+            replays = replay(done, direction, step_args, {lr: i for i, lr in enumerate(perm)})
+            kept.append(sum(r.best_full == r.best_halving for r in replays))
+            spent.append(sum(r.steps_halving for r in replays) /
+                         max(1, sum(r.steps_full for r in replays)))
+        out.append(OrderCheck(step_args["min_resource"], kept, spent, len(replays)))
+    return out
+
+
+def order_text(checks: list[OrderCheck]) -> list[str]:
+    """Markdown: one row per first-rung step."""
+    if not checks:
+        return []
+    lines = ["", "## Does the order of the lrs matter?", "",
+             f"The same replay under every order of the lrs within each bracket "
+             f"({len(checks[0].kept)} orders), with the first rung at several steps.", "",
+             "| first rung (step) | points keeping their best lr, per order | "
+             "orders keeping all | steps spent |", "|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c.min_resource} | {', '.join(str(k) for k in c.kept)} (of {c.points})"
+                     f" | {sum(k == c.points for k in c.kept)} of {len(c.kept)} | "
+                     f"{100 * min(c.spent):.0f}–{100 * max(c.spent):.0f}% |")
+    return lines
 
 
 def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
@@ -146,5 +207,6 @@ def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
     args = halving_args(spec_halving_args(spec), done)
     path = out / "halving.md"
     path.write_text("\n".join(["# Successive halving on the lr sub-grid", "",
-                               *halving_text(replay(done, spec.direction, args), args)]) + "\n")
+                               *halving_text(replay(done, spec.direction, args), args),
+                               *order_text(order_checks(done, spec.direction, args))]) + "\n")
     return [path]

@@ -52,3 +52,27 @@ def test_points_never_compete_with_each_other():
     assert (3e-4, 0) not in replays["6"].pruned and (3e-4, 1) not in replays["6"].pruned
     text = "\n".join(halving_text(list(replays.values()), {"reduction_factor": 3}))
     assert "| p=2 |" in text and "| p=6 |" in text and "training steps" in text
+
+
+def curve_run(number, lr, seed, curve):
+    """A finished p=2 run with the given val/acc ``curve`` at STEPS."""
+    t = run(number, 2, lr, seed, 0.1)
+    t.user_attrs["val_curve"] = [[s, v] for s, v in zip(STEPS, curve)]
+    t.value = max(curve)
+    return t
+
+
+def test_order_checks_find_a_rung_that_depends_on_which_lr_runs_first():
+    from sweeps.halving import order_checks
+
+    # lr 1e-3 starts fast and stalls at 0.8; lr 3e-4 starts slowly and ends best (0.95):
+    # a first rung at step 500 stops 3e-4 whenever 1e-3 has passed that rung before it
+    fast = [0.5, 0.6, 0.7, 0.75] + [0.8] * 8
+    slow = [0.05, 0.1, 0.3, 0.5, 0.7, 0.85] + [0.95] * 6  # ahead again by step 1500
+    trials = [curve_run(2 * seed + i, lr, seed, c) for seed in (0, 1)
+              for i, (lr, c) in enumerate(((3e-4, slow), (1e-3, fast)))]
+    early, half = order_checks(trials, "maximize", {"reduction_factor": 3},
+                               fractions=(1 / 6, 1 / 2))
+    assert early.min_resource == 500 and half.min_resource == 1500
+    assert sorted(early.kept) == [0, 1]  # slow first: kept; fast first: lost
+    assert half.kept == [1, 1] and half.points == 1
