@@ -46,10 +46,19 @@ class PointReplay:
     pruned: dict[tuple[float, Any], int]
 
 
+def with_curves(trials: Trials) -> Trials:
+    """The completed ``trials`` that kept their validation curves (what a replay can use)."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+
+
+def longest_run(trials: Trials) -> int:
+    """The most training steps any of ``trials`` ran."""
+    return max((int(t.user_attrs.get("global_step") or 0) for t in trials), default=0)
+
+
 def halving_args(spec_args: dict[str, Any], trials: Trials) -> dict[str, Any]:
     """The pruner's arguments: the defaults above, replaced by the spec's."""
-    longest = max((int(t.user_attrs.get("global_step") or 0) for t in trials), default=0)
-    return {"reduction_factor": 3, "min_resource": max(1, longest // 2), **spec_args}
+    return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2), **spec_args}
 
 
 def replay_bracket(runs: Trials, direction: str,
@@ -84,7 +93,7 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
     """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
     ``args``: the pruner's (default :func:`halving_args` of none); ``order``: the rank of
     each lr within a bracket (default: the runs' trial order)."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+    done = with_curves(trials)
     args = args or halving_args({}, done)
     maximize = direction == "maximize"
     out = []
@@ -133,8 +142,8 @@ def order_checks(trials: Trials, direction: str, args: dict[str, Any],
     every order of the lrs within a bracket. In a live sweep the order is the order runs reach
     each rung, which retries and parallel workers change; a setting whose best lr depends on
     it is not one to trust."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
-    longest = max((int(t.user_attrs.get("global_step") or 0) for t in done), default=0)
+    done = with_curves(trials)
+    longest = longest_run(done)
     lrs = sorted({t.params.get("model.lr") for t in done})
     orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
     out = []
@@ -201,7 +210,7 @@ def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
     no pruner ran live (a replay needs every run's whole curve)."""
     if getattr(spec, "pruner", "none") != "none":
         return []
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+    done = with_curves(trials)
     if len({t.params.get("model.lr") for t in done}) < 2:
         return []
     args = halving_args(spec_halving_args(spec), done)
