@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,24 @@ def experiment(args: list[str]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
+def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
+    """:func:`experiment` of a finished trial's saved configuration: the ``config`` the worker
+    recorded on the trial (it survives an archive and a lost ``runs/``), else the run folder's
+    ``config.yaml``; None when neither is there."""
+    text = trial.user_attrs.get("config")
+    if text:
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = Path(tmp) / "config.yaml"
+            saved.write_text(str(text))
+            return experiment(["--config", str(saved)])
+    saved = Path(str(trial.user_attrs.get("log_dir") or "")) / "config.yaml"
+    return experiment(["--config", str(saved)]) if saved.is_file() else None
+
+
 def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]:
     """``{experiment: trial}`` of the completed runs of ``study_names`` (each from its saved
-    ``config.yaml``; runs whose folder is gone or whose config no longer parses are skipped)."""
+    configuration, :func:`saved_experiment`; runs with none, or whose configuration no longer
+    parses, are skipped)."""
     known = set(optuna.get_all_study_names(storage))
     out: dict[str, Any] = {}
     for name in study_names:
@@ -78,13 +94,14 @@ def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]
             continue
         study = optuna.load_study(study_name=name, storage=storage)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            saved = Path(str(t.user_attrs.get("log_dir") or "")) / "config.yaml"
-            if t.user_attrs.get("reused_from") or not saved.is_file():
+            if t.user_attrs.get("reused_from"):
                 continue
             try:
-                out.setdefault(experiment(["--config", str(saved)]), (name, t))
+                key = saved_experiment(t)
             except (SystemExit, Exception):  # an old run's keys this code no longer takes
                 continue
+            if key is not None:
+                out.setdefault(key, (name, t))
     return out
 
 

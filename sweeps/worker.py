@@ -385,8 +385,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
 
             trainer.callbacks.append(StepPruningCallback(trial, monitor=spec.metric))
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
-        (Path(trainer.log_dir) / "config.yaml").write_text(
-            cli.parser.dump(cli.config, skip_none=False))
+        config_text = cli.parser.dump(cli.config, skip_none=False)
+        (Path(trainer.log_dir) / "config.yaml").write_text(config_text)
+        trial.set_user_attr("config", config_text)  # reuse needs it once runs/ is gone
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
         summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
     except optuna.TrialPruned:

@@ -1,5 +1,7 @@
 """A finished run of another study stands for an equal grid point (``reuse:``)."""
 
+import shutil
+
 import optuna
 from paths import SMOKE, config
 from test_sweeps import sweep, write_spec
@@ -25,6 +27,7 @@ def test_a_study_reuses_the_equal_runs_of_another(tmp_path):
     first = write_spec(tmp_path, "first", {"model.feature_map.init_args.p": [2],
                                            "seed_everything": [0]})
     assert sweep("run", str(first), "--storage", url, cwd=tmp_path).returncode == 0
+    shutil.rmtree(tmp_path / "runs")  # the trial's recorded config stands in for its folder
     second = write_spec(tmp_path, "second", {"config": [config("p2.yaml")],
                                              "seed_everything": [0, 1]},
                         configs=[], reuse=["first"])
