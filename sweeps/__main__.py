@@ -1,6 +1,6 @@
 """``python -m sweeps run SPEC [--profile P] [--size S] [--storage URL] [--workers N]
 [--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
-``python -m sweeps status``.
+``python -m sweeps status``, ``python -m sweeps save|restore ARCHIVE`` (:mod:`sweeps.archive`).
 
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
@@ -67,6 +67,14 @@ def parser() -> argparse.ArgumentParser:
     _storage_args(rep)
     st = sub.add_parser("status", help="list studies with their trial counts")
     _storage_args(st)
+    sv = sub.add_parser("save", help="write the storage's studies to an archive file (JSON "
+                                     "Lines) to commit; the file's other studies are kept")
+    sv.add_argument("archive")
+    _storage_args(sv)
+    rs = sub.add_parser("restore", help="add an archive's studies to the storage (those it "
+                                        "lacks), so their sweeps resume on a new machine")
+    rs.add_argument("archive")
+    _storage_args(rs)
     return ap
 
 
@@ -175,10 +183,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_save(args: argparse.Namespace) -> int:
+    from sweeps.archive import save
+
+    storage = open_storage(args.storage, args.heartbeat, args.grace, must_exist=True)
+    check_writable(str(Path(args.archive).parent), "archive folder")
+    for name, n in save(storage, Path(args.archive)).items():
+        print(f"saved {name}: {n} trial(s)")
+    print(args.archive)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from sweeps.archive import restore
+
+    storage = open_storage(args.storage, args.heartbeat, args.grace)
+    added, skipped = restore(Path(args.archive), storage)
+    for name, n in added.items():
+        print(f"restored {name}: {n} trial(s)")
+    for name in skipped:
+        print(f"kept {name}: the storage already has it (not restored)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "report": cmd_report, "status": cmd_status}[args.command](args)
+        commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
+                    "save": cmd_save, "restore": cmd_restore}
+        return commands[args.command](args)
     except (SpecError, StorageError, CliError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ seeds). A two-stage protocol (train BASED, then continue from it) uses it for
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -43,6 +44,10 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
     if not path:
         raise RefError(f"best:{study_name}: no finished run with seed {seed} at its best lr "
                        f"{best:g}")
+    if not Path(path).is_file():
+        raise RefError(f"best:{study_name}: the checkpoint of its seed-{seed} run, {path}, is "
+                       "not on this machine (an archive keeps results, not checkpoints: run "
+                       f"{study_name} again here, or where the checkpoint is)")
     return str(path)
 
 

@@ -364,10 +364,15 @@ def test_best_refs_pick_the_seed_run_at_the_best_lr(tmp_path):
         for seed, value in enumerate(values):
             study.add_trial(optuna.trial.create_trial(
                 params={"model.lr": lr, "seed_everything": seed}, distributions=dists,
-                value=value, user_attrs={"last_checkpoint": f"ckpt_{lr}_{seed}"}))
-    assert best_checkpoint("stage1", 1, url) == "ckpt_0.001_1"  # best mean lr, not best run
+                value=value, user_attrs={"last_checkpoint": str(tmp_path / f"c_{lr}_{seed}")}))
+            if seed == 0:
+                (tmp_path / f"c_{lr}_{seed}").touch()
+    with pytest.raises(RefError, match=r"seed-1 run, .*c_0.001_1, is not on this machine"):
+        best_checkpoint("stage1", 1, url)  # e.g. a study restored from an archive
+    (tmp_path / "c_0.001_1").touch()
+    assert best_checkpoint("stage1", 1, url) == str(tmp_path / "c_0.001_1")  # best mean lr
     params = {"model.init_from": "best:stage1", "seed_everything": 0, "model.lr": 0.01}
-    assert resolve_refs(params, url)["model.init_from"] == "ckpt_0.001_0"
+    assert resolve_refs(params, url)["model.init_from"] == str(tmp_path / "c_0.001_0")
     with pytest.raises(RefError, match="no finished run with seed 7"):
         best_checkpoint("stage1", 7, url)
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING,

@@ -1,0 +1,150 @@
+"""A sweep storage as a text file in the repo: ``python -m sweeps save FILE`` and ``restore FILE``.
+
+A sweep's Optuna database lives on the machine that runs it (``runs/sweeps.db``); a study that
+takes more sessions than one machine lives must carry its finished runs in the repo. The
+archive is JSON Lines, one line per study and one per trial (sorted by study, then trial
+number), so a commit of a grown archive is a diff of added lines:
+
+- ``{"study": name, "directions": [...], "user_attrs": {...}}``
+- ``{"study": name, "number": n, "state": "COMPLETE", "values": [...], "params": {...},
+  "distributions": {...}, "user_attrs": {...}, "system_attrs": {...},
+  "intermediate_values": [[step, value], ...], "datetime_start": iso, "datetime_complete": iso}``
+
+A trial that was running or waiting when saved is archived as WAITING: its process and its
+``last.ckpt`` stay behind with the machine, so a restored sweep queues it again from the start.
+Saving merges: studies the archive holds and the storage does not are kept. Restoring adds the
+archive's studies the storage lacks, each trial under its own number, and leaves studies the
+storage already has as they are.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import distribution_to_json, json_to_distribution
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeps.storage import StorageError
+from sweeps.worker import LOCK_PREFIX
+
+UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
+
+
+def _time(value: datetime.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _parse_time(value: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(value) if value else None
+
+
+def trial_record(study: str, t: FrozenTrial) -> dict[str, Any]:
+    """One trial as an archive line (RUNNING and WAITING become WAITING, with no times)."""
+    waiting = t.state in UNFINISHED
+    return {"study": study, "number": t.number,
+            "state": "WAITING" if waiting else t.state.name,
+            "values": None if waiting else t.values, "params": t.params,
+            "distributions": {k: json.loads(distribution_to_json(d))
+                              for k, d in t.distributions.items()},
+            "user_attrs": t.user_attrs, "system_attrs": t.system_attrs,
+            "intermediate_values": [] if waiting else sorted(t.intermediate_values.items()),
+            "datetime_start": None if waiting else _time(t.datetime_start),
+            "datetime_complete": None if waiting else _time(t.datetime_complete)}
+
+
+def frozen_trial(record: dict[str, Any]) -> FrozenTrial:
+    """The archive line as a trial to add to a study."""
+    state = TrialState[record["state"]]
+    values = record.get("values")
+    return FrozenTrial(
+        number=record["number"], state=state, value=None, values=values,
+        datetime_start=_parse_time(record.get("datetime_start")),
+        datetime_complete=_parse_time(record.get("datetime_complete")),
+        params=record["params"],
+        distributions={k: json_to_distribution(json.dumps(d))
+                       for k, d in record["distributions"].items()},
+        user_attrs=record["user_attrs"], system_attrs=record["system_attrs"],
+        intermediate_values={int(s): v for s, v in record["intermediate_values"]},
+        trial_id=0)
+
+
+def read_archive(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """``{study: [study line, trial lines...]}``; a file that is not an archive is one line
+    of ``StorageError``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise StorageError(f"cannot read archive {path}: {err.strerror or err}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            study = record["study"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            raise StorageError(f"{path}:{i} is not a sweep archive line "
+                               "(write archives with `python -m sweeps save`)") from None
+        out.setdefault(study, []).append(record)
+    for study, records in out.items():
+        if "directions" not in records[0]:
+            raise StorageError(f"{path}: study {study} has trials but no study line first")
+    return out
+
+
+def study_records(storage: Any, name: str) -> list[dict[str, Any]]:
+    """The archive lines of one study of ``storage``."""
+    study = optuna.load_study(study_name=name, storage=storage)
+    head = {"study": name, "directions": [d.name.lower() for d in study.directions],
+            "user_attrs": study.user_attrs}
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    return [head, *(trial_record(name, t) for t in trials)]
+
+
+def save(storage: Any, path: Path) -> dict[str, int]:
+    """Write every study of ``storage`` to the archive at ``path``, keeping the archive's
+    other studies; returns ``{study: trials}`` of what was written from the storage."""
+    path = Path(path)
+    kept = read_archive(path) if path.is_file() else {}
+    names = [n for n in optuna.get_all_study_names(storage)  # queueing locks are not studies
+             if not n.startswith(LOCK_PREFIX) and "::grid::" not in n]
+    for name in names:
+        kept[name] = study_records(storage, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        for name in sorted(kept):
+            for record in kept[name]:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return {name: len(kept[name]) - 1 for name in names}
+
+
+def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
+    """Add the archive's studies that ``storage`` lacks; returns ``({study: trials added},
+    [studies left as they were because the storage has them])``."""
+    archive = read_archive(Path(path))
+    present = set(optuna.get_all_study_names(storage))
+    added: dict[str, int] = {}
+    skipped = sorted(name for name in archive if name in present)
+    for name in sorted(set(archive) - present):
+        head, *trials = archive[name]
+        study = optuna.create_study(
+            study_name=name, storage=storage,
+            directions=[StudyDirection[d.upper()] for d in head["directions"]])
+        try:
+            for key, value in head.get("user_attrs", {}).items():
+                study.set_user_attr(key, value)
+            for record in sorted(trials, key=lambda r: r["number"]):
+                study.add_trial(frozen_trial(record))
+        except Exception:
+            optuna.delete_study(study_name=name, storage=storage)  # never half a study
+            raise
+        added[name] = len(trials)
+    return added, skipped

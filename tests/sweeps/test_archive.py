@@ -1,0 +1,103 @@
+"""A storage saved to a JSON Lines archive and restored on a new machine (``sweeps.archive``)."""
+
+import json
+import shutil
+
+import optuna
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+from test_sweeps import sweep, write_spec
+
+from sweeps.archive import restore, save
+
+DISTS = {"model.lr": FloatDistribution(3e-3, 3e-3), "seed_everything": IntDistribution(0, 2)}
+
+
+def a_study(url: str, name: str = "s") -> optuna.Study:
+    """A study with a trial in every state, and a queueing lock beside it."""
+    study = optuna.create_study(study_name=name, storage=url, direction="maximize")
+    study.set_user_attr("profile", "cpu")
+    point = {"model.lr": 3e-3, "seed_everything": 0}
+    for state, value, curve in ((TrialState.COMPLETE, 0.75, {250: 0.5, 500: 0.75}),
+                                (TrialState.PRUNED, None, {250: 0.25}),
+                                (TrialState.FAIL, None, {})):
+        study.add_trial(create_trial(state=state, value=value, params=point, distributions=DISTS,
+                                     user_attrs={"val_curve": [[250, 0.5]], "wall_time_s": 9.5},
+                                     system_attrs={"fixed_params": point},
+                                     intermediate_values=curve))
+    running = study.ask()  # a worker's trial in flight
+    running.set_user_attr("run_name", "lr0.003_seed1")
+    study.enqueue_trial({"model.lr": 3e-3, "seed_everything": 2})
+    optuna.create_study(study_name="_arbench_lock::s", storage=url)
+    return study
+
+
+def test_save_and_restore_keep_every_trial_and_queue_the_unfinished_again(tmp_path):
+    before = a_study(f"sqlite:///{tmp_path / 'a.db'}")
+    archive = tmp_path / "archive.jsonl"
+    assert save(f"sqlite:///{tmp_path / 'a.db'}", archive) == {"s": 5}
+    lines = [json.loads(line) for line in archive.read_text().splitlines()]
+    assert [r.get("number") for r in lines] == [None, 0, 1, 2, 3, 4]  # no lock study
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    assert restore(archive, url) == ({"s": 5}, [])
+    after = optuna.load_study(study_name="s", storage=url)
+    assert after.user_attrs == {"profile": "cpu"} and after.direction == before.direction
+    old, new = before.get_trials(), after.get_trials()
+    assert [t.number for t in new] == [0, 1, 2, 3, 4]
+    assert [t.state for t in new] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
+                                      TrialState.WAITING, TrialState.WAITING]
+    for a, b in zip(old[:3], new[:3]):
+        assert (a.value, a.params, a.distributions, a.user_attrs, a.system_attrs,
+                a.intermediate_values, a.datetime_complete) == \
+               (b.value, b.params, b.distributions, b.user_attrs, b.system_attrs,
+                b.intermediate_values, b.datetime_complete)
+    assert new[4].system_attrs["fixed_params"] == {"model.lr": 3e-3, "seed_everything": 2}
+    assert new[3].user_attrs == {"run_name": "lr0.003_seed1"}
+
+    assert restore(archive, url) == ({}, ["s"])  # a study already there is left alone
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 5
+
+
+def test_saving_keeps_the_archives_studies_that_the_storage_lacks(tmp_path):
+    archive = tmp_path / "archive.jsonl"
+    a_study(f"sqlite:///{tmp_path / 'a.db'}", "first")
+    save(f"sqlite:///{tmp_path / 'a.db'}", archive)
+    a_study(f"sqlite:///{tmp_path / 'b.db'}", "second")
+    assert save(f"sqlite:///{tmp_path / 'b.db'}", archive) == {"second": 5}
+    studies = [json.loads(line)["study"] for line in archive.read_text().splitlines()]
+    assert studies == ["first"] * 6 + ["second"] * 6
+
+
+def test_a_restored_sweep_resumes_on_a_new_machine_without_training_again(tmp_path):
+    spec = write_spec(tmp_path, "moved", {"seed_everything": [0, 1]})
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    assert sweep("run", str(spec), "--storage", url, cwd=tmp_path).returncode == 0
+    out = sweep("save", "results/archive.jsonl", "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0 and "saved moved: 2 trial(s)" in out.stdout, out.stderr
+    shutil.rmtree(tmp_path / "runs")  # the new machine has neither runs/ nor the database
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    out = sweep("restore", "results/archive.jsonl", "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0 and "restored moved: 2 trial(s)" in out.stdout, out.stderr
+    out = sweep("run", str(spec), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "0 newly queued" in out.stdout and "complete 2" in out.stdout
+    assert "(this process ran 0)" in out.stdout
+    out = sweep("report", str(spec), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len((tmp_path / "results/moved/runs.csv").read_text().splitlines()) == 3
+
+
+def test_a_file_that_is_not_an_archive_is_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("a sweep ran here\n")
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    for archive, needle in (("notes.txt", "notes.txt:1 is not a sweep archive line"),
+                            ("missing.jsonl", "cannot read archive missing.jsonl")):
+        out = sweep("restore", archive, "--storage", url, cwd=tmp_path)
+        assert out.returncode == 2 and out.stdout == ""
+        assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: ")
+        assert needle in out.stderr
+    out = sweep("save", "archive.jsonl", "--storage", f"sqlite:///{tmp_path / 'none.db'}",
+                cwd=tmp_path)
+    assert out.returncode == 2 and "no sweep database at" in out.stderr
