@@ -5,7 +5,11 @@
   final one), or it reached the early-stopping threshold (0.99).
 - **Collapsed at step N**: the training loss, smoothed over :data:`SMOOTH_STEPS` logged steps,
   first fell below :data:`COLLAPSE_LOW` (half) of its initial value and later climbed back above
-  :data:`COLLAPSE_HIGH` (85%) of it; N is the step where it crossed back. A collapse is a status
+  :data:`COLLAPSE_HIGH` (85%) of it; N is the step where it crossed back. The initial value is
+  never taken below the loss of guessing at chance (ln vocab, when the caller knows the vocab):
+  a warm-started run begins already trained (a loss of 0.006), and its noise is not a collapse;
+  a collapse is a return to guessing. For a run trained from scratch, whose first losses are
+  about ln vocab, this changes nothing. A collapse is a status
   of its own, distinct from a run that learned little (whose loss never halved). 85% rather than
   90%: the LLoPS p=4 run at lr 1e-2 of the ``cpu`` profile (vocab 512) fell to 3.0 and climbed
   back to 5.6, 0.897 × its initial ln 512.
@@ -50,12 +54,14 @@ def smoothed(losses: Curve, window: int = SMOOTH_STEPS) -> list[tuple[int, float
     return out
 
 
-def collapse_step(losses: Curve, window: int = SMOOTH_STEPS) -> int | None:
+def collapse_step(losses: Curve, window: int = SMOOTH_STEPS,
+                  chance: float | None = None) -> int | None:
     """The step at which a training-loss curve collapsed (see the module docstring), or None.
-    The initial value is the mean of the first ``window`` losses."""
+    The initial value is the mean of the first ``window`` losses, or ``chance`` (the loss of a
+    uniform guess, ln vocab, in nats) when that is larger."""
     if len(losses) < 2 * window:
         return None
-    initial = sum(v for _, v in losses[:window]) / window
+    initial = max(sum(v for _, v in losses[:window]) / window, chance or 0.0)
     fell = False
     for step, value in smoothed(losses, window)[window:]:
         if value < COLLAPSE_LOW * initial:

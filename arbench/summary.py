@@ -17,6 +17,7 @@ val/acc and training-loss curves behind the ``converged`` and ``collapsed_at`` v
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from arbench.curves import collapse_step, is_converged
 from arbench.machine import device_name
+
+
+def chance_loss(pl_module: L.LightningModule) -> float | None:
+    """ln vocab (nats): the cross-entropy of a uniform guess; None when there is no vocab."""
+    vocab = dict(getattr(pl_module, "hparams", None) or {}).get("vocab_size")
+    return math.log(vocab) if vocab else None
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -130,7 +137,7 @@ class RunSummary(Callback):
             "global_step": trainer.global_step,
             "device": device_name(pl_module.device),
             "converged": is_converged(self.val_curve),
-            "collapsed_at": collapse_step(self.loss_curve),
+            "collapsed_at": collapse_step(self.loss_curve, chance=chance_loss(pl_module)),
             "val_curve": [list(p) for p in self.val_curve],
             "wall_time_s": self.wall_time_s(),
             "hparams": hp,

@@ -46,3 +46,13 @@ def test_learning_little_or_a_spike_is_not_a_collapse():
 
 def test_smoothed_is_a_trailing_mean():
     assert smoothed([(1, 1.0), (2, 3.0), (3, 5.0)], window=2) == [(1, 1.0), (2, 2.0), (3, 4.0)]
+
+
+def test_a_warm_start_is_judged_against_guessing_not_its_first_loss():
+    start = math.log(512)
+    noisy = [0.006] * 50 + [0.0005] * 200 + [0.006] * 200  # trained, then noise at the bottom
+    assert collapse_step(loss_curve(noisy)) is not None  # against its own first loss: "collapse"
+    assert collapse_step(loss_curve(noisy), chance=start) is None
+    back = [0.006] * 50 + [0.0005] * 200 + [5.6] * 200  # back to guessing
+    assert collapse_step(loss_curve(back), chance=start) is not None
+

@@ -31,3 +31,15 @@ def test_resumed_run_keeps_the_validations_before_the_kill(in_tmp):
     assert longer["val_acc"] >= first["val_acc"] and longer["global_step"] == 9
     if longer["best_step"] != 9.0:
         assert longer["val_acc"] == first["val_acc"]
+
+
+def test_the_collapse_verdict_knows_the_models_chance_loss():
+    import functools
+    import math
+
+    from arbench.featuremaps import LLoPS
+    from arbench.lit import LitRecall
+    from arbench.summary import chance_loss
+
+    model = LitRecall(vocab_size=64, d_model=16, feature_map=functools.partial(LLoPS, m=8, p=2))
+    assert chance_loss(model) == math.log(64)
