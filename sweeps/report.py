@@ -114,7 +114,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                             for t in trials},
             "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
-            "paper": paper_value(hp),
+            "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
                                for t in ts),
         })

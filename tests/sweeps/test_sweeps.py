@@ -407,3 +407,19 @@ def test_learning_curves_hold_an_early_stop_and_plot(tmp_path):
            "curves": [[[250, 0.5], [500, 0.9]], [[250, 0.4], [500, 0.7]]]}
     path = report.write_plot([row], {"x": "step", "name": "curves"}, tmp_path)
     assert path.name == "curves.png" and path.stat().st_size > 1000
+
+
+def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
+    from sweeps import report
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="ws", storage=url, direction="maximize")
+    based = {"feature_map": "Based", "p": 2, "r": 16, "d_model": 128}
+    for point, hp in ((0, based), (1, {**based, "init_from": "runs/x/last.ckpt"})):
+        study.add_trial(optuna.trial.create_trial(
+            params={"point": point}, value=0.9, user_attrs={"hparams": hp},
+            distributions={"point": optuna.distributions.IntDistribution(0, 1)}))
+    spec = load_spec(write_spec(tmp_path, "ws", {"seed_everything": [0]}))
+    papers = {report.label(r["hparams"]): r["paper"] for r in report.rows(spec, url)}
+    assert papers == {"BASED r=16": 91.9, "BASED r=16 (warm start)": None}
+
