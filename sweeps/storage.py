@@ -96,3 +96,5 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# A grid value that is a list of config files (they compose) is stored as JSON all the same.
+warnings.filterwarnings("ignore", message="Choices for a categorical distribution should")

@@ -84,8 +84,6 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message=".*args parameter is intended")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    # a grid value that is a list of configs (they compose) is stored as JSON all the same
-    warnings.filterwarnings("ignore", message="Choices for a categorical distribution should")
     quiet_known_noise()
 
 
