@@ -47,7 +47,7 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
     if not Path(path).is_file():
         raise RefError(f"best:{study_name}: the checkpoint of its seed-{seed} run, {path}, is "
                        "not on this machine (an archive keeps results, not checkpoints: run "
-                       f"{study_name} again here, or where the checkpoint is)")
+                       "this stage on the machine that has it)")
     return str(path)
 
 
