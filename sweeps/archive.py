@@ -31,7 +31,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeps.storage import StorageError
-from sweeps.worker import LOCK_PREFIX
+from sweeps.worker import is_lock_study
 
 UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 
@@ -112,8 +112,7 @@ def save(storage: Any, path: Path) -> dict[str, int]:
     other studies; returns ``{study: trials}`` of what was written from the storage."""
     path = Path(path)
     kept = read_archive(path) if path.is_file() else {}
-    names = [n for n in optuna.get_all_study_names(storage)  # queueing locks are not studies
-             if not n.startswith(LOCK_PREFIX) and "::grid::" not in n]
+    names = [n for n in optuna.get_all_study_names(storage) if not is_lock_study(n)]
     for name in names:
         kept[name] = study_records(storage, name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +140,14 @@ def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
         try:
             for key, value in head.get("user_attrs", {}).items():
                 study.set_user_attr(key, value)
-            for record in sorted(trials, key=lambda r: r["number"]):
+            for record in sorted(trials, key=lambda r: r.get("number", -1)):
                 study.add_trial(frozen_trial(record))
-        except Exception:
+        except Exception as err:
             optuna.delete_study(study_name=name, storage=storage)  # never half a study
+            if isinstance(err, (KeyError, ValueError, TypeError)):
+                raise StorageError(f"{path}: study {name} has a trial line this code cannot "
+                                   f"read ({type(err).__name__}: {err}); nothing of it was "
+                                   "restored") from None
             raise
         added[name] = len(trials)
     return added, skipped

@@ -36,10 +36,12 @@ def count_states(study_name: str, storage: Any) -> dict[str, int]:
 
 
 def status_lines(storage: Any) -> list[str]:
+    from sweeps.worker import is_lock_study  # worker imports this module through refs
+
     lines = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if "::grid::" in summary.study_name or summary.study_name.startswith("_arbench_lock::"):
-            continue  # queueing locks (``::grid::`` ones are left by older versions)
+        if is_lock_study(summary.study_name):
+            continue
         counts = count_states(summary.study_name, storage)
         lines.append(f"{summary.study_name:<24} " + "  ".join(f"{k} {v}" for k, v in
                                                                counts.items()))

@@ -137,6 +137,11 @@ def validate_points(spec: SweepSpec) -> None:
 
 
 LOCK_PREFIX = "_arbench_lock::"  # internal; exists only while one process queues
+
+
+def is_lock_study(name: str) -> bool:
+    """A queueing lock, not a user's study (``::grid::`` ones are left by older versions)."""
+    return name.startswith(LOCK_PREFIX) or "::grid::" in name
 OPEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
 
