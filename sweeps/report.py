@@ -180,6 +180,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
     devices = sorted({d for r in table for d in r["devices"]})
     if devices:
         md[2:2] = [f"Device: {', '.join(devices)}.", ""]
+    if spec.description:
+        md[2:2] = [spec.description, ""]
     csv_rows = []
     for r in table:
         hp = r["hparams"]

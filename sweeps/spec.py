@@ -22,6 +22,7 @@ A spec::
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
       # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
     reuse: [p_ablation]                # finished runs of these studies stand for equal points
+    description: text                  # what the study is; written under table.md's title
     plots:                             # accuracy against an hparam, one line per series
       - {x: p, series: feature_map, name: acc_vs_p}
       - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
@@ -117,6 +118,7 @@ class SweepSpec:
     plots: list[dict[str, Any]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
     reuse: list[str] = field(default_factory=list)
+    description: str = ""
 
     @property
     def profile_path(self) -> str:
@@ -276,6 +278,9 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     args = merged.get("args") or []
     if not isinstance(args, list):
         raise SpecError("args must be a list of main.py arguments")
+    description = merged.get("description") or ""
+    if not isinstance(description, str):
+        raise SpecError("description must be text")
     return SweepSpec(path=path, study=merged["study"],
                      configs=[_resolve(c) for c in merged.get("configs") or []],
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
@@ -283,4 +288,5 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
-                     claims=_check_claims(merged.get("claims")), reuse=list(reuse))
+                     claims=_check_claims(merged.get("claims")), reuse=list(reuse),
+                     description=" ".join(description.split()))

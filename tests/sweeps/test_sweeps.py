@@ -165,6 +165,7 @@ def test_two_workers_split_grid_postgresql(tmp_path):
     ({"pruner": {"type": "median", "patience": 3}}, "pruner median: "),
     ({"plots": [{"series": "p"}]}, "plots[0] must be a mapping with an x: key"),
     ({"plots": [{"x": "rank", "colour": "red"}]}, "plots[0]: unknown key(s) colour"),
+    ({"description": ["a", "list"]}, "description must be text"),
 ])
 def test_bad_spec_one_clear_line(tmp_path, change, needle):
     spec = write_spec(tmp_path, "bad", GRID4)
@@ -303,6 +304,7 @@ def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
           str(tmp_path / "results"), cwd=tmp_path, check=True)
     table = (tmp_path / "results/paper_gpu/table.md").read_text()
     assert "Device: cpu: " in table and table.count("| BASED r=16") == 1
+    assert "\nThe paper profile on one GPU in under 10 minutes - BASED r=16" in table  # description
 
 
 def test_claims_are_checked_seed_by_seed():
