@@ -29,22 +29,43 @@ from sweeps.spec import SweepSpec
 VARYING = ("seed_everything", "model.lr")
 
 
-def count_states(study_name: str, storage: Any) -> dict[str, int]:
-    study = optuna.load_study(study_name=study_name, storage=storage)
-    counts = Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False))
+def state_counts(trials: list[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """``{complete, running, waiting, fail, pruned: count}`` of ``trials``."""
+    counts = Counter(t.state.name.lower() for t in trials)
     return {k: counts.get(k, 0) for k in ("complete", "running", "waiting", "fail", "pruned")}
 
 
+def count_states(study_name: str, storage: Any) -> dict[str, int]:
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return state_counts(study.get_trials(deepcopy=False))
+
+
+def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
+    """``~H h of runs left (median run S s)``: the queued and running trials times the median
+    wall time of the study's own finished runs (completed or pruned, reused ones left out), in
+    one worker's hours; empty when nothing is queued or nothing has finished."""
+    left = sum(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    times = [t.user_attrs["wall_time_s"] for t in trials
+             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+             and "wall_time_s" in t.user_attrs and not t.user_attrs.get("reused_from")]
+    if not left or not times:
+        return ""
+    median = statistics.median(times)
+    return f"  ~{left * median / 3600:.1f} h of runs left (median run {median:.0f} s)"
+
+
 def status_lines(storage: Any) -> list[str]:
+    """One line per study: its trial counts by state and :func:`run_time_left`."""
     from sweeps.worker import is_lock_study  # worker imports this module through refs
 
     lines = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         if is_lock_study(summary.study_name):
             continue
-        counts = count_states(summary.study_name, storage)
-        lines.append(f"{summary.study_name:<24} " + "  ".join(f"{k} {v}" for k, v in
-                                                               counts.items()))
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        lines.append(f"{summary.study_name:<24} " + "  ".join(
+            f"{k} {v}" for k, v in state_counts(trials).items()) + run_time_left(trials))
     return lines or ["no studies"]
 
 

@@ -425,3 +425,31 @@ def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
     papers = {report.label(r["hparams"]): r["paper"] for r in report.rows(spec, url)}
     assert papers == {"BASED r=16": 91.9, "BASED r=16 (warm start)": None}
 
+
+
+def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
+    from optuna.trial import TrialState, create_trial
+
+    from sweeps import report
+
+    def run(state, seconds=None, reused=False):
+        attrs = {} if seconds is None else {"wall_time_s": seconds}
+        if reused:
+            attrs["reused_from"] = "other#0"
+        value = 0.5 if state == TrialState.COMPLETE else None
+        return create_trial(state=state, value=value, user_attrs=attrs)
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="eta", storage=url, direction="maximize")
+    for t in [run(TrialState.COMPLETE, 100.0), run(TrialState.PRUNED, 50.0),
+              run(TrialState.COMPLETE, 300.0), run(TrialState.COMPLETE, 9000.0, reused=True)]:
+        study.add_trial(t)
+    assert report.run_time_left(study.get_trials()) == ""  # nothing queued
+    for _ in range(36):
+        study.enqueue_trial({})
+    line = report.status_lines(optuna.storages.RDBStorage(url))[0]
+    assert line.startswith("eta ") and "complete 3  running 0  waiting 36  fail 0  pruned 1" in line
+    assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s; reused left out
+    fresh = optuna.create_study(study_name="fresh", storage=url)
+    fresh.enqueue_trial({})
+    assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
