@@ -8,6 +8,12 @@ the earlier run counts at its default): model, data, trainer budget and callback
 The run's name, output folder and console options do not count. A point that names another
 study's run (``best:<study>``) is never reused.
 
+A run the source study's pruner stopped stands for its point too, in a study that prunes
+(``pruner:`` set; the shipped studies that reuse pruned runs share one halving rule): it comes
+as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so the new runs of
+its bracket are weighed against the same rung values as in the source study, and a bracket
+reused whole is decided as it was there. A study without a pruner trains those points.
+
 The saving is real across the shipped studies: ``p_ablation``'s p=4 runs are
 ``based_vs_llops``'s LLoPS d=128 runs and ``diagnosis``'s baseline, its t=1 points ``rank``'s.
 """
@@ -81,10 +87,12 @@ def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
     return experiment(["--config", str(saved)]) if saved.is_file() else None
 
 
-def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]:
-    """``{experiment: trial}`` of the completed runs of ``study_names`` (each from its saved
-    configuration, :func:`saved_experiment`; runs with none, or whose configuration no longer
-    parses, are skipped)."""
+def finished_experiments(study_names: list[str], storage: Any,
+                         pruned: bool = False) -> dict[str, Any]:
+    """``{experiment: trial}`` of the completed runs of ``study_names`` and, with ``pruned``,
+    the pruned ones that reached a validation (each from its saved configuration,
+    :func:`saved_experiment`; runs with none, or whose configuration no longer parses, are
+    skipped)."""
     known = set(optuna.get_all_study_names(storage))
     out: dict[str, Any] = {}
     for name in study_names:
@@ -93,8 +101,10 @@ def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]
                   f"this study is trained", file=sys.stderr, flush=True)
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("reused_from"):
+        states = (TrialState.COMPLETE, TrialState.PRUNED) if pruned else (TrialState.COMPLETE,)
+        for t in study.get_trials(deepcopy=False, states=states):
+            if t.user_attrs.get("reused_from") or (t.state == TrialState.PRUNED
+                                                   and not t.intermediate_values):
                 continue
             try:
                 key = saved_experiment(t)
@@ -107,13 +117,16 @@ def finished_experiments(study_names: list[str], storage: Any) -> dict[str, Any]
 
 def reuse_trial(point: dict[str, Any], source: tuple[str, Any],
                 distributions: dict[str, Any]) -> optuna.trial.FrozenTrial:
-    """A COMPLETE trial for ``point`` holding the result of ``source`` ``(study, trial)``."""
+    """A trial for ``point`` holding the result of ``source`` ``(study, trial)``: its state
+    (COMPLETE or PRUNED), value, curve and rung values."""
     name, done = source
+    rungs = {k: v for k, v in done.system_attrs.items() if k.startswith("completed_rung_")}
     return optuna.trial.create_trial(
-        state=TrialState.COMPLETE, value=done.value, params=point,
-        distributions=distributions,
+        state=done.state, value=done.value if done.state == TrialState.COMPLETE else None,
+        params=point, distributions=distributions,
+        intermediate_values=dict(done.intermediate_values),
         user_attrs={**done.user_attrs, "reused_from": f"{name}#{done.number}"},
-        system_attrs={"fixed_params": point})
+        system_attrs={**rungs, "fixed_params": point})
 
 
 def matches(spec: SweepSpec, points: list[dict[str, Any]], storage: Any) -> dict[int, Any]:
@@ -122,7 +135,7 @@ def matches(spec: SweepSpec, points: list[dict[str, Any]], storage: Any) -> dict
 
     if not spec.reuse:
         return {}
-    done = finished_experiments(spec.reuse, storage)
+    done = finished_experiments(spec.reuse, storage, pruned=spec.pruner != "none")
     out = {}
     for i, point in enumerate(points):
         if any(str(v).startswith("best:") for v in point.values()):

@@ -3,6 +3,7 @@
 import shutil
 
 import optuna
+from optuna.trial import TrialState
 from paths import SMOKE, config
 from test_sweeps import sweep, write_spec
 
@@ -49,3 +50,31 @@ def test_reuse_of_a_study_that_never_ran_is_a_note_and_trains_everything(tmp_pat
     assert out.returncode == 0, out.stderr
     assert "note: reuse: study nosuch has not run in this storage" in out.stderr
     assert "complete 1" in out.stdout
+
+
+def test_a_pruned_run_is_reused_as_pruned_with_its_rungs_only_where_the_study_prunes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    first = write_spec(tmp_path, "first", {"model.feature_map.init_args.p": [2],
+                                           "seed_everything": [0]})
+    assert sweep("run", str(first), "--storage", url, cwd=tmp_path).returncode == 0
+    done = optuna.load_study(study_name="first", storage=url).trials[0]
+    stopped = optuna.create_study(study_name="stopped", storage=url, direction="maximize")
+    stopped.add_trial(optuna.trial.create_trial(  # the same run, as a pruner had stopped it
+        state=TrialState.PRUNED, params=done.params, distributions=done.distributions,
+        intermediate_values={3: 0.25, 6: 0.5}, user_attrs=done.user_attrs,
+        system_attrs={"completed_rung_0": 0.5, "fixed_params": done.params}))
+    grid = {"config": [config("p2.yaml")], "seed_everything": [0]}
+    pruning = write_spec(tmp_path, "pruning", grid, configs=[], reuse=["stopped"],
+                         pruner={"type": "halving", "min_resource": 3})
+    out = sweep("run", str(pruning), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "reused 1 finished run(s): stopped#0" in out.stdout
+    (t,) = optuna.load_study(study_name="pruning", storage=url).trials
+    assert t.state == TrialState.PRUNED and t.value is None
+    assert t.intermediate_values == {3: 0.25, 6: 0.5}
+    assert t.system_attrs["completed_rung_0"] == 0.5
+    plain = write_spec(tmp_path, "plain", grid, configs=[], reuse=["stopped"])
+    out = sweep("run", str(plain), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0 and "reused" not in out.stdout, out.stdout
+    (t,) = optuna.load_study(study_name="plain", storage=url).trials
+    assert t.state == TrialState.COMPLETE and not t.user_attrs.get("reused_from")
