@@ -276,7 +276,7 @@ def test_report_flags_and_one_row_per_run(tmp_path):
                 params={"model.lr": lr, "seed_everything": seed, "p": 4}, distributions=dists,
                 value=acc[lr] + 0.01 * seed, user_attrs=attrs))
     spec = SimpleNamespace(study="flags", direction="maximize", metric="val/acc", profile="cpu",
-                           plots=[])
+                           plots=[], description=None)
     (row,) = report.rows(spec, storage)
     assert row["best_lr"] == 1e-3 and row["n"] == 3 and row["n_lrs"] == 3
     assert row["converged"] == 2 / 3 and row["collapsed"] == 1 and not row["lr_at_edge"]
