@@ -12,6 +12,7 @@ import torch
 
 from arbench.approx.extract import extract_from_teacher, load_teacher, softmax_layers
 from arbench.approx.fit import FitConfig
+from arbench.approx.ledger import Ledger
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
@@ -108,6 +109,14 @@ def load_source(cfg: ApproxConfig) -> QKSet:
                         seed=cfg.data_seed).select(layers, heads or [0])
 
 
+def source(cfg: ApproxConfig, qk: QKSet) -> dict[str, object]:
+    """Where the queries and keys came from, for the records file (:mod:`arbench.approx.ledger`)."""
+    return {"meta": qk.meta, "layers": list(qk.layers), "heads": list(qk.heads),
+            "qk": cfg.qk, "num_seqs": cfg.num_seqs, "seq_len": cfg.seq_len,
+            "num_kv_pairs": cfg.num_kv_pairs, "data_seed": cfg.data_seed,
+            "head_dim": cfg.head_dim}
+
+
 def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
     """The settings block printed above the tables."""
     meta = qk.meta
@@ -162,7 +171,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    records = run_study(qk, config, log)
+    ledger = Ledger(cfg.out, config, source(cfg, qk))
+    if ledger.done:
+        print(f"resuming: {len(ledger.done)} fits from {ledger.path}", flush=True)
+    records = run_study(qk, config, log, ledger)
     paths = write_report(records, cfg.out, notes(cfg, qk, config))
     print()
     print(markdown_table(records, "rmae"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from arbench.approx.methods import method_builders
 from arbench.approx.metrics import rel_frobenius, rmae
 from arbench.approx.qkset import QKSet
 from arbench.registry import MethodConfig
+
+if TYPE_CHECKING:
+    from arbench.approx.ledger import Ledger
 
 Log = Callable[[str], None]
 
@@ -169,8 +173,10 @@ def floor_records(split: Split, p: int, layer: int, head: int,
 
 
 def method_records(split: Split, p: int, layer: int, head: int, config: StudyConfig,
-                   log: Log | None = None, floor_fro: float | None = None) -> list[Record]:
-    """Build (seeded), fit on the train split and score every selected method."""
+                   log: Log | None = None, floor_fro: float | None = None,
+                   ledger: Ledger | None = None) -> list[Record]:
+    """Build (seeded), fit on the train split and score every selected method; a method whose
+    record ``ledger`` already holds is taken from it, and each new record is added to it."""
     d = split.q_train.shape[1]
     a = poly_kernel(split.q_test.double(), split.k_test.double(), p)
     out = []
@@ -179,6 +185,12 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
         if key not in (*config.methods, "config"):
             continue
         tag = f"[L{layer} h{head} p={p}] {name}"
+        stored = ledger.get((layer, head, p, name)) if ledger else None
+        if stored is not None:
+            out.append(stored)
+            if log:
+                log(f"{tag}: from {ledger.path}, held-out RMAE {stored.rmae:.4f}")
+            continue
         fitted = fit_best(build, split.q_train, split.k_train, lambda x, y: poly_kernel(x, y, p),
                           config.fit, config.lrs or (config.fit.lr,), log, tag)
         if fitted is None:
@@ -193,6 +205,8 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
                      pair.detail)
         rec.fit_steps, rec.fit_stop = result.steps, result.stopped
         out.append(rec)
+        if ledger:
+            ledger.add(rec)
         if log:
             ended = f" ({result.stopped})" if result.stopped else ""
             how = (f"lr {result.lr:g}, {result.steps} steps{ended}, loss {result.first_loss:.3g}"
@@ -203,8 +217,10 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
     return out
 
 
-def run_study(qk: QKSet, config: StudyConfig, log: Log | None = None) -> list[Record]:
-    """Every (layer, head) × p × method of ``config`` on ``qk``; the records in run order."""
+def run_study(qk: QKSet, config: StudyConfig, log: Log | None = None,
+              ledger: Ledger | None = None) -> list[Record]:
+    """Every (layer, head) × p × method of ``config`` on ``qk``; the records in run order.
+    Fits already in ``ledger`` are reused, new ones stored there (floors are recomputed)."""
     check_config(config, qk)
     records: list[Record] = []
     for layer in qk.layers:
@@ -219,5 +235,5 @@ def run_study(qk: QKSet, config: StudyConfig, log: Log | None = None) -> list[Re
                         f" ({split.q_train.shape[0]} train / {split.q_test.shape[0]} held-out "
                         f"tokens, q·k scale c={split.scale:.4g})")
                 records += method_records(split, p, layer, head, config, log,
-                                          floors[0].rel_frobenius)
+                                          floors[0].rel_frobenius, ledger)
     return records

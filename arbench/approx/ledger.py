@@ -1,0 +1,81 @@
+"""Fitted records kept on disk as they finish, so an interrupted study resumes where it stopped.
+
+``<out>/records.jsonl``: the first line names the settings that decide a fit's outcome (the
+study configuration, less ``ranks``, ``methods`` and the log interval, and the source of the
+queries and keys); each further line is one fitted :class:`Record`. A rerun with the same
+settings reuses every record already there and fits only the rest; fits are seeded, so the
+tables match an uninterrupted run. Runs that differ only in ``--ranks`` or ``--methods`` share
+records, so a rank can be added to a finished study without refitting the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from arbench.approx.study import Record, StudyConfig
+
+LEDGER_NAME = "records.jsonl"
+Key = tuple[int, int, int, str]  # (layer, head, p, method)
+
+
+def settings(config: StudyConfig, source: dict[str, Any]) -> dict[str, Any]:
+    """What a record depends on, as plain JSON values."""
+    fit = dataclasses.replace(config.fit, log_every=0)
+    study = dataclasses.replace(config, ranks=(), methods=(), fit=fit)
+    return json.loads(json.dumps({"study": repr(study), "source": source}, default=str))
+
+
+def key(record: Record) -> Key:
+    """Where ``record`` sits in the study."""
+    return record.layer, record.head, record.p, record.method
+
+
+class Ledger:
+    """Append-only record file for one output folder and one set of settings."""
+
+    def __init__(self, out: str | Path, config: StudyConfig, source: dict[str, Any]) -> None:
+        self.path = Path(out) / LEDGER_NAME
+        self.settings = settings(config, source)
+        self.done: dict[Key, Record] = {}
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        lines = self.path.read_text().splitlines()
+        try:
+            head = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            head = None
+        if head != {"settings": self.settings}:
+            raise ValueError(f"{self.path} holds fits made with other settings (or is not a "
+                             "records file); give another --out, or delete it to start over")
+        fields = {f.name for f in dataclasses.fields(Record)}
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                row = json.loads(line)
+                record = Record(**{k: v for k, v in row.items() if k in fields})
+            except (json.JSONDecodeError, TypeError):
+                if number == len(lines):  # a line cut short by a kill: drop it, fit it again
+                    self.path.write_text("".join(f"{x}\n" for x in lines[:-1]))
+                    break
+                raise ValueError(f"{self.path}:{number}: not a record; delete the file to start "
+                                 "over") from None
+            self.done[key(record)] = record
+
+    def get(self, k: Key) -> Record | None:
+        """The stored record at ``k``, if any."""
+        return self.done.get(k)
+
+    def add(self, record: Record) -> None:
+        """Store ``record`` (one line, flushed before returning)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a") as fh:
+            if fresh:
+                fh.write(json.dumps({"settings": self.settings}) + "\n")
+            fh.write(json.dumps(dataclasses.asdict(record)) + "\n")
+            fh.flush()
+        self.done[key(record)] = record

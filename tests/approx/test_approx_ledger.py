@@ -1,0 +1,53 @@
+import csv
+import json
+
+from arbench.approx.cli import main
+from arbench.approx.ledger import LEDGER_NAME
+
+TINY = ["--synthetic", "--layers", "0", "1", "--head-dim", "4", "--p", "2", "--m", "8",
+        "--steps", "15", "--lr", "1e-2", "--n-train", "64", "--n-test", "32", "--num-seqs", "4",
+        "--seq-len", "32", "--methods", "mlp", "llops"]
+
+
+def scores(out):
+    """table.csv without the fit times, which a resumed run cannot reproduce."""
+    with (out / "table.csv").open() as fh:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)]
+
+
+def test_a_killed_study_resumes_with_the_same_table(tmp_path, capsys):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main([*TINY, "--ranks", "1", "2", "--out", str(full)]) == 0
+    lines = (full / LEDGER_NAME).read_text().splitlines()
+    assert len(lines) == 1 + 2 * 3  # settings + layers x (MLP, LLoPS t=1, t=2)
+    cut.mkdir()
+    # the settings, three finished fits and a fourth line cut short by the kill
+    (cut / LEDGER_NAME).write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])
+    capsys.readouterr()
+    assert main([*TINY, "--ranks", "1", "2", "--out", str(cut)]) == 0
+    printed = capsys.readouterr().out
+    assert "resuming: 3 fits" in printed
+    assert printed.count(f": from {cut / LEDGER_NAME}") == 3
+    assert printed.count("steps (") == 3  # only the other three were fitted
+    assert scores(cut) == scores(full)
+    resumed = [json.loads(x) for x in (cut / LEDGER_NAME).read_text().splitlines()]
+    assert len(resumed) == len(lines)  # the cut line was dropped, its fit stored again
+
+
+def test_another_rank_reuses_the_finished_fits(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*TINY, "--ranks", "1", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(": from ") == 4 and printed.count("steps (") == 2  # t=2 on two layers
+    assert {r["method"] for r in scores(out)} >= {"LLoPS t=1", "LLoPS t=2", "2-layer MLP"}
+
+
+def test_other_settings_are_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*TINY, "--ranks", "1", "--steps", "16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "other settings" in err and "\n" not in err
