@@ -135,7 +135,8 @@ class RunSummary(Callback):
             "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
                        if k.startswith("val/acc_")},
             "global_step": trainer.global_step,
-            "device": device_name(pl_module.device),
+            # the strategy's device: by on_fit_end Lightning's teardown has moved the module to the CPU
+            "device": device_name(trainer.strategy.root_device),
             "converged": is_converged(self.val_curve),
             "collapsed_at": collapse_step(self.loss_curve, chance=chance_loss(pl_module)),
             "val_curve": [list(p) for p in self.val_curve],

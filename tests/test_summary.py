@@ -43,3 +43,22 @@ def test_the_collapse_verdict_knows_the_models_chance_loss():
 
     model = LitRecall(vocab_size=64, d_model=16, feature_map=functools.partial(LLoPS, m=8, p=2))
     assert chance_loss(model) == math.log(64)
+
+
+def test_the_device_is_the_one_trained_on_not_where_teardown_left_the_module(tmp_path, monkeypatch):
+    # Lightning's teardown moves the module back to the CPU before on_fit_end, so a GPU run once
+    # reported "cpu: <model>". The strategy's device is the one the run trained on.
+    from types import SimpleNamespace
+
+    import torch
+
+    from arbench import summary as summary_mod
+
+    monkeypatch.setattr(summary_mod, "device_name", lambda device: f"named {torch.device(device)}")
+    trainer = SimpleNamespace(is_global_zero=True, callbacks=[], global_step=0,
+                              strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    module = SimpleNamespace(device=torch.device("cpu"), hparams={})
+    callback = summary_mod.RunSummary()
+    callback.write(trainer, module, finished=True, log_dir=str(tmp_path))
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["device"] == "named cuda:0"
