@@ -40,18 +40,36 @@ def count_states(study_name: str, storage: Any) -> dict[str, int]:
     return state_counts(study.get_trials(deepcopy=False))
 
 
+RUN_KEYS = ("model.lr", "seed_everything")  # a run's lr and seed; the rest of its params is its point
+
+
+def point_of(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
+    """A trial's grid values other than lr and seed, as strings (a queued trial's come from its
+    ``fixed_params``)."""
+    params = trial.params or trial.system_attrs.get("fixed_params", {})
+    return {k: str(v) for k, v in params.items() if k not in RUN_KEYS}
+
+
 def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
-    """``~H h of runs left (median run S s)``: the queued and running trials times the median
-    wall time of the study's own finished runs (completed or pruned, reused ones left out), in
-    one worker's hours; empty when nothing is queued or nothing has finished."""
-    left = sum(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
-    times = [t.user_attrs["wall_time_s"] for t in trials
+    """``~H h of runs left (median run S s)``: the sum over queued and running trials of the
+    median wall time of the study's own finished runs (completed or pruned, reused ones left
+    out) nearest to it, those sharing the most of its grid values other than lr and seed (its
+    own point's when it has any), in one worker's hours; empty when nothing is queued or
+    nothing has finished. Points differ in cost (a delta-rule run takes longer than an additive
+    one), so one median for the whole study misjudges a queue that holds mostly one kind."""
+    left = [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    timed = [(point_of(t), t.user_attrs["wall_time_s"]) for t in trials
              if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
              and "wall_time_s" in t.user_attrs and not t.user_attrs.get("reused_from")]
-    if not left or not times:
+    if not left or not timed:
         return ""
-    median = statistics.median(times)
-    return f"  ~{left * median / 3600:.1f} h of runs left (median run {median:.0f} s)"
+    total = 0.0
+    for trial in left:
+        point = point_of(trial)
+        shared = [sum(point.get(k) == v for k, v in done.items()) for done, _ in timed]
+        total += statistics.median(s for (_, s), n in zip(timed, shared) if n == max(shared))
+    median = statistics.median(s for _, s in timed)
+    return f"  ~{total / 3600:.1f} h of runs left (median run {median:.0f} s)"
 
 
 def status_lines(storage: Any) -> list[str]:

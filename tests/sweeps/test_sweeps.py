@@ -453,3 +453,30 @@ def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
     fresh = optuna.create_study(study_name="fresh", storage=url)
     fresh.enqueue_trial({})
     assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
+
+
+def test_status_times_each_queued_run_by_its_nearest_finished_points(tmp_path):
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from sweeps import report
+
+    dists = {"config": CategoricalDistribution(["a", "b"]),
+             "model.mixers": CategoricalDistribution(["linear", "delta"]),
+             "model.lr": CategoricalDistribution([1e-3, 3e-3])}
+
+    def done(config, mixer, lr, seconds):
+        return create_trial(state=TrialState.COMPLETE, value=0.5, distributions=dists,
+                            params={"config": config, "model.mixers": mixer, "model.lr": lr},
+                            user_attrs={"wall_time_s": seconds})
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="eta", storage=url, direction="maximize")
+    for t in [done("a", "linear", 1e-3, 100.0), done("a", "linear", 3e-3, 120.0),
+              done("a", "delta", 1e-3, 1000.0), done("b", "linear", 3e-3, 200.0)]:
+        study.add_trial(t)
+    study.enqueue_trial({"config": "a", "model.mixers": "delta", "model.lr": 3e-3})  # its point: 1000
+    study.enqueue_trial({"config": "b", "model.mixers": "linear", "model.lr": 1e-3})  # its point: 200
+    # no finished run of (b, delta): the runs sharing one value, (a, delta) and (b, linear): 600
+    study.enqueue_trial({"config": "b", "model.mixers": "delta", "model.lr": 1e-3})
+    assert report.run_time_left(study.get_trials()) == "  ~0.5 h of runs left (median run 160 s)"
