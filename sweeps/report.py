@@ -171,8 +171,9 @@ def label(hp: dict[str, Any]) -> str:
         text = f"BASED r={hp.get('r')}"
     elif fm == "softmax":
         return "softmax"
-    else:
-        text = f"{fm} p={hp.get('p')} m={hp.get('m')}"
+    else:  # a map's sizes, those it has (elu+1 has no degree: its m is the head dim)
+        sizes = [f"{k}={hp[k]}" for k in ("p", "m") if hp.get(k) is not None]
+        text = " ".join([fm, *sizes])
         text += f" t={hp['rank']}" if fm == "LLoPS" else ""
     norm = hp.get("normalize")
     text += f" denominator={norm}" if norm not in (None, "none") else ""

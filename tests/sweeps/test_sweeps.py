@@ -341,6 +341,7 @@ def test_labels_name_the_diagnosis_switches():
         "LLoPS p=4 m=256 t=1 init tau=1 feature-map wd=0"
     assert label({**base, "mixers": "conv,gated_delta"}) == "LLoPS p=4 m=256 t=1 [gated_delta]"
     assert label({**base, "mixers": "conv,linear"}) == "LLoPS p=4 m=256 t=1"
+    assert label({"feature_map": "EluPlusOne", "p": None, "m": 128}) == "EluPlusOne m=128"
 
 
 def test_trial_names_are_plain_folder_names():
