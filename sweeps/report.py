@@ -40,14 +40,14 @@ def count_states(study_name: str, storage: Any) -> dict[str, int]:
     return state_counts(study.get_trials(deepcopy=False))
 
 
-RUN_KEYS = ("model.lr", "seed_everything")  # a run's lr and seed; the rest of its params is its point
+def point_values(params: dict[str, Any]) -> dict[str, str]:
+    """The grid point of ``params``: its values less seed and lr, as strings."""
+    return {k: str(v) for k, v in params.items() if k not in VARYING}
 
 
-def point_of(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
-    """A trial's grid values other than lr and seed, as strings (a queued trial's come from its
-    ``fixed_params``)."""
-    params = trial.params or trial.system_attrs.get("fixed_params", {})
-    return {k: str(v) for k, v in params.items() if k not in RUN_KEYS}
+def point_key(params: dict[str, Any]) -> tuple:
+    """:func:`point_values` as a sorted tuple, the key :func:`by_point_and_lr` groups by."""
+    return tuple(sorted(point_values(params).items()))
 
 
 def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
@@ -57,17 +57,20 @@ def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
     own point's when it has any), in one worker's hours; empty when nothing is queued or
     nothing has finished. Points differ in cost (a delta-rule run takes longer than an additive
     one), so one median for the whole study misjudges a queue that holds mostly one kind."""
+    from sweeps.worker import grid_point  # worker imports this module through refs
+
     left = [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
-    timed = [(point_of(t), t.user_attrs["wall_time_s"]) for t in trials
+    timed = [(point_values(grid_point(t)), t.user_attrs["wall_time_s"]) for t in trials
              if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
              and "wall_time_s" in t.user_attrs and not t.user_attrs.get("reused_from")]
     if not left or not timed:
         return ""
     total = 0.0
     for trial in left:
-        point = point_of(trial)
+        point = point_values(grid_point(trial))
         shared = [sum(point.get(k) == v for k, v in done.items()) for done, _ in timed]
-        total += statistics.median(s for (_, s), n in zip(timed, shared) if n == max(shared))
+        nearest = max(shared)
+        total += statistics.median(s for (_, s), n in zip(timed, shared) if n == nearest)
     median = statistics.median(s for _, s in timed)
     return f"  ~{total / 3600:.1f} h of runs left (median run {median:.0f} s)"
 
@@ -108,8 +111,7 @@ def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
     for t in trials:
         if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED
                                               and t.intermediate_values):
-            point = tuple(sorted((k, str(v)) for k, v in t.params.items() if k not in VARYING))
-            grouped[point][t.params.get("model.lr", 0.0)].append(t)
+            grouped[point_key(t.params)][t.params.get("model.lr", 0.0)].append(t)
     return grouped
 
 

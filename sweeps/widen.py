@@ -29,17 +29,11 @@ from optuna.distributions import (
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
-from sweeps.report import VARYING, best_lr, by_point_and_lr
+from sweeps.report import best_lr, by_point_and_lr, point_key
 from sweeps.spec import SweepSpec
 from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
 
 BUSY = (TrialState.WAITING, TrialState.RUNNING)
-
-
-def point_key(params: dict[str, Any]) -> tuple:
-    """The grid point of ``params`` less seed and lr (as :func:`sweeps.report.by_point_and_lr`
-    keys it)."""
-    return tuple(sorted((k, str(v)) for k, v in params.items() if k not in VARYING))
 
 
 def next_lr(lrs: list[float], low: bool) -> float:
