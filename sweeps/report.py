@@ -425,9 +425,12 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
     """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value (an
     hparam, or ``variant``: the diagnosis switches), over the rows matching ``plot['where']``
     (``{hparam: value or [values]}``, optional). ``x: step`` draws learning curves instead
-    (:func:`write_curves`)."""
+    (:func:`write_curves`); ``marker_by: method`` draws unjoined points instead
+    (:func:`write_marked_plot`)."""
     if plot["x"] == "step":
         return write_curves(table, plot, out)
+    if plot.get("marker_by") == "method":
+        return write_marked_plot(table, plot, out)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -464,8 +467,51 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
                        out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
 
 
+def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Accuracy (mean ± std) against ``plot['x']`` as unjoined points: a colour per
+    ``plot['series']`` hparam value and a marker shape per method (:func:`label` without the
+    series hparam), so that
+    methods sharing an x (LLoPS p=2 and p=4 have one state size) stay apart. Each series is
+    nudged sideways by 1.5% of x so that its error bars do not hide another's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.lines
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    x_key, series_key = plot["x"], plot.get("series", "mixers")
+    points = [(str(r["hparams"].get(series_key)),
+               label({k: v for k, v in r["hparams"].items() if k != series_key}),
+               float(r["hparams"][x_key]), 100 * r["mean"], 100 * r["std"])
+              for r in table if r["hparams"].get(x_key) is not None
+              and all(_matches(r["hparams"], k, v) for k, v in (plot.get("where") or {}).items())]
+    series = sorted({p[0] for p in points})
+    methods = sorted({p[1] for p in points})
+    colours = {s: f"C{i}" for i, s in enumerate(series)}
+    shapes = {m: "osD^vP*X"[i % 8] for i, m in enumerate(methods)}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for s, m, x, y, e in points:
+        nudge = 1 + 0.015 * (series.index(s) - (len(series) - 1) / 2)
+        ax.errorbar([x * nudge], [y], yerr=[e], color=colours[s], marker=shapes[m],
+                    linestyle="none", capsize=3, label=f"{series_key}={s} · {m}")
+    if plot.get("xscale") == "log":
+        ax.set_xscale("log")
+        xs = sorted({p[2] for p in points})
+        ax.set_xticks(xs, [f"{x:g}" for x in xs], rotation=30)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    handles = [matplotlib.lines.Line2D([], [], color=colours[s], linestyle="none", marker="o",
+                                       label=f"{series_key}={s}") for s in series]
+    handles += [matplotlib.lines.Line2D([], [], color="k", linestyle="none", marker=shapes[m],
+                                        label=m) for m in methods]
+    path = finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+                       plot.get("title", f"accuracy vs {x_key}"),
+                       out / f"{plot.get('name', 'acc_vs_' + x_key)}.png", handles=handles)
+    return path
+
+
 def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
-                legend_size: int = 8) -> Path:
+                legend_size: int = 8, handles: list[Any] | None = None) -> Path:
     """Label, grid and legend ``ax``, save ``fig`` to ``path`` (120 dpi) and close it."""
     import matplotlib.pyplot as plt
 
@@ -473,7 +519,7 @@ def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: P
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=legend_size)
+    ax.legend(handles=handles, fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -26,6 +26,7 @@ A spec::
     plots:                             # accuracy against an hparam, one line per series
       - {x: p, series: feature_map, name: acc_vs_p}
       - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
+      - {x: state_size, series: mixers, marker_by: method}   # unjoined points, a shape per method
 
 Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_model``, ``lr``
 (``model.lr``) and ``seed`` (``seed_everything``) stand for their full keys, which the study
@@ -181,7 +182,7 @@ def _check_grid(grid: Any) -> dict[str, list[Any]]:
     return grid
 
 
-PLOT_KEYS = {"x", "series", "name", "xscale", "where", "title"}
+PLOT_KEYS = {"x", "series", "name", "xscale", "where", "title", "marker_by"}
 
 
 def _check_plots(value: Any) -> list[dict[str, Any]]:
@@ -197,6 +198,8 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
         if unknown:
             raise SpecError(f"plots[{i}]: unknown key(s) {', '.join(unknown)} "
                             f"(allowed: {', '.join(sorted(PLOT_KEYS))})")
+        if plot.get("marker_by", "method") != "method":
+            raise SpecError(f"plots[{i}].marker_by must be method (a marker shape per method)")
         if not isinstance(plot.get("where", {}), dict):
             raise SpecError(f"plots[{i}].where must map hparams (or a*b products) to values")
     return list(value)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from paths import ROOT, config
 
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import SpecError, _check_plots, load_spec
 
 FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=3"]
 
@@ -249,6 +249,43 @@ def test_plot_where_selects_rows_by_value_and_by_product(tmp_path, monkeypatch):
                       tmp_path)
     assert seen.pop("p=2") == [(2.0, 70.0), (4.0, 80.0)]
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.png", "b.png", "c.png"]
+
+
+def test_marked_plot_keeps_methods_that_share_an_x_apart(tmp_path, monkeypatch):
+    """``marker_by: method``: one unjoined point per row, a colour per series value and a shape
+    per method, nudged sideways per series; an unknown ``marker_by`` is refused in one line."""
+    import matplotlib.axes
+
+    from sweeps import report
+
+    def row(fm, p, mixers, size, acc):
+        return {"hparams": {"feature_map": fm, "p": p, "m": 256, "rank": 1, "mixers": mixers,
+                            "state_size": size}, "mean": acc, "std": 0.01}
+
+    table = [row("LLoPS", 2, "conv,linear", 100, 0.9), row("LLoPS", 4, "conv,linear", 100, 0.8),
+             row("LLoPS", 2, "conv,delta", 100, 0.7)]
+    drawn = []
+    orig = matplotlib.axes.Axes.errorbar
+
+    def spy(self, x, y, *a, **k):
+        drawn.append((k["label"], k["marker"], k["color"], x[0], y[0], k["linestyle"]))
+        return orig(self, x, y, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
+    path = report.write_plot(table, {"x": "state_size", "series": "mixers",
+                                     "marker_by": "method", "xscale": "log"}, tmp_path)
+    assert path.name == "acc_vs_state_size.png" and path.stat().st_size > 0
+    by_label = {d[0]: d[1:] for d in drawn}
+    p2_lin = by_label["mixers=conv,linear · LLoPS p=2 m=256 t=1"]
+    p4_lin = by_label["mixers=conv,linear · LLoPS p=4 m=256 t=1"]
+    p2_delta = by_label["mixers=conv,delta · LLoPS p=2 m=256 t=1"]
+    assert len(drawn) == 3 and all(d[-1] == "none" for d in drawn)
+    assert p2_lin[0] != p4_lin[0] and p2_lin[0] == p2_delta[0]  # a shape per method
+    assert p2_lin[1] == p4_lin[1] != p2_delta[1]  # a colour per rule
+    assert p2_lin[2] == p4_lin[2] != p2_delta[2]  # rules nudged apart, methods of one rule not
+    assert (p2_lin[3], p4_lin[3], p2_delta[3]) == pytest.approx((90.0, 80.0, 70.0))
+    with pytest.raises(SpecError, match=r"plots\[0\]\.marker_by must be method"):
+        _check_plots([{"x": "state_size", "marker_by": "p"}])
 
 
 def test_report_flags_and_one_row_per_run(tmp_path):
