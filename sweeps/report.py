@@ -435,15 +435,11 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     x_key, series_key = plot["x"], plot.get("series", "feature_map")
-    where = plot.get("where") or {}
     groups: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for r in table:
+    for r in plotted_rows(table, plot):
         hp = r["hparams"]
-        if hp.get(x_key) is None or not all(_matches(hp, k, v) for k, v in where.items()):
-            continue
         if series_key == "feature_map":
             name = str(hp.get("feature_map"))
         elif series_key == "variant":  # the diagnosis switches (report.variant)
@@ -457,11 +453,7 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
                     marker="o", capsize=3, label=name)
     if plot.get("xscale") == "log":
-        ax.set_xscale("log")
-        xs = sorted({x for pts in groups.values() for x, _, _ in pts})
-        if 0 < len(xs) <= 8:  # label the grid's own values, not powers of ten
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
-            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        log_x_axis(ax, {x for pts in groups.values() for x, _, _ in pts})
     return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
                        plot.get("title", f"accuracy vs {x_key}"),
                        out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
@@ -478,14 +470,12 @@ def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Pa
     matplotlib.use("Agg")
     import matplotlib.lines
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     x_key, series_key = plot["x"], plot.get("series", "mixers")
     points = [(str(r["hparams"].get(series_key)),
                label({k: v for k, v in r["hparams"].items() if k != series_key}),
                float(r["hparams"][x_key]), 100 * r["mean"], 100 * r["std"])
-              for r in table if r["hparams"].get(x_key) is not None
-              and all(_matches(r["hparams"], k, v) for k, v in (plot.get("where") or {}).items())]
+              for r in plotted_rows(table, plot)]
     series = sorted({p[0] for p in points})
     methods = sorted({p[1] for p in points})
     colours = {s: f"C{i}" for i, s in enumerate(series)}
@@ -496,18 +486,33 @@ def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Pa
         ax.errorbar([x * nudge], [y], yerr=[e], color=colours[s], marker=shapes[m],
                     linestyle="none", capsize=3, label=f"{series_key}={s} · {m}")
     if plot.get("xscale") == "log":
-        ax.set_xscale("log")
-        xs = sorted({p[2] for p in points})
-        ax.set_xticks(xs, [f"{x:g}" for x in xs], rotation=30)
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        log_x_axis(ax, {p[2] for p in points}, rotation=30)
     handles = [matplotlib.lines.Line2D([], [], color=colours[s], linestyle="none", marker="o",
                                        label=f"{series_key}={s}") for s in series]
     handles += [matplotlib.lines.Line2D([], [], color="k", linestyle="none", marker=shapes[m],
                                         label=m) for m in methods]
-    path = finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+    return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
                        plot.get("title", f"accuracy vs {x_key}"),
                        out / f"{plot.get('name', 'acc_vs_' + x_key)}.png", handles=handles)
-    return path
+
+
+def plotted_rows(table: list[dict[str, Any]], plot: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``table`` that have ``plot['x']`` and match ``plot['where']``."""
+    where = plot.get("where") or {}
+    return [r for r in table if r["hparams"].get(plot["x"]) is not None
+            and all(_matches(r["hparams"], k, v) for k, v in where.items())]
+
+
+def log_x_axis(ax: Any, xs: set[float], rotation: int = 0) -> None:
+    """A log x axis; up to 8 distinct ``xs`` are labelled by their own values, not by powers
+    of ten."""
+    import matplotlib.ticker
+
+    ax.set_xscale("log")
+    xs_sorted = sorted(xs)
+    if 0 < len(xs_sorted) <= 8:
+        ax.set_xticks(xs_sorted, [f"{x:g}" for x in xs_sorted], rotation=rotation)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
