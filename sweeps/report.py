@@ -244,7 +244,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
             "wall_time_s": r["wall_time_s"]})
     claims = claim_rows(table, getattr(spec, "claims", []))
     if claims:
-        md += ["", "## Paper claims, seed by seed (each side at its best lr)", "",
+        md += ["", "## Claims, seed by seed (each side at its best lr)", "",
                *claims_text(claims)]
     md_path, csv_path = out / "table.md", out / "table.csv"
     md_path.write_text("\n".join(md) + "\n")
@@ -366,7 +366,12 @@ def write_runs(spec: SweepSpec, storage: Any, out: Path) -> Path:
 
 
 def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
-    """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams."""
+    """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams;
+    ``"variant"`` is the row's diagnosis switches as its label names them (:func:`variant`,
+    e.g. ``"qk-norm"``), ``"baseline"`` for none."""
+    if key == "variant":
+        name = variant(hp).strip() or "baseline"
+        return name in want if isinstance(want, list) else name == want
     names = key.split("*")
     if any(hp.get(n) is None for n in names):
         return False

@@ -18,8 +18,9 @@ A spec::
                                        # {type: median, n_startup_trials: 2} (Optuna kwargs)
     args: []                           # extra main.py arguments for every trial
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
-    claims:                            # paper claims checked seed by seed in the report
+    claims:                            # comparisons checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
+      - {name: "qk-norm helps", better: {variant: qk-norm}, worse: {variant: baseline}}
       # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
     reuse: [p_ablation]                # finished runs of these studies stand for equal points
     description: text                  # what the study is; written under table.md's title

@@ -365,6 +365,30 @@ def test_claims_are_checked_seed_by_seed():
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
 
 
+def test_claims_select_rows_by_their_diagnosis_switch():
+    """``variant: baseline`` picks the row without switches, ``variant: qk-norm`` the row whose
+    label names that switch (and only it), at the same p."""
+    from sweeps import report
+
+    base = {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1, "weight_decay": 0.1,
+            "feature_map_weight_decay": 0.1, "init": "variance"}
+    table = [{"hparams": base, "seed_values": {0: 0.90, 1: 0.95}},
+             {"hparams": {**base, "qk_norm": True}, "seed_values": {0: 0.99, 1: 0.93}},
+             {"hparams": {**base, "qk_norm": True, "affine": True}, "seed_values": {0: 0.5}},
+             {"hparams": {**base, "feature_map_weight_decay": 0.0}, "seed_values": {0: 0.91}},
+             {"hparams": {**base, "p": 6}, "seed_values": {0: 0.70}}]
+    claims = [{"name": "qk", "better": {"p": 4, "variant": "qk-norm"},
+               "worse": {"p": 4, "variant": "baseline"}},
+              {"name": "wd", "better": {"p": 4, "variant": "feature-map wd=0"},
+               "worse": {"p": 4, "variant": "baseline"}},
+              {"name": "none", "better": {"p": 6, "variant": "φ²"},
+               "worse": {"p": 6, "variant": "baseline"}}]
+    qk, wd, none = report.claim_rows(table, claims)
+    assert (qk["k"], qk["n"]) == (1, 2) and qk["gap_mean"] == pytest.approx(0.035)
+    assert (wd["k"], wd["n"]) == (1, 1) and wd["gap_mean"] == pytest.approx(0.01)
+    assert none["status"] == "0 rows match better {'p': 6, 'variant': 'φ²'}"
+
+
 def test_labels_name_the_diagnosis_switches():
     from sweeps.report import label
 
