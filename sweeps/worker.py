@@ -5,7 +5,8 @@ Every grid point is queued as an Optuna WAITING trial (under a short-lived lock 
 RUNNING (an atomic compare-and-set in the storage, so two workers never take the same point),
 trains it in-process through ``main.py``'s CLI with heartbeats, and records the result. Stale
 trials (a dead worker's) are failed and re-queued by the storage (see ``sweeps.storage``); a
-retried point resumes from its own ``last.ckpt``. Points whose trial raised stay failed until
+retried point is claimed before the points not yet begun and resumes from its own ``last.ckpt``.
+Points whose trial raised stay failed until
 ``python -m sweeps run SPEC --retry-failed`` queues them again (:func:`failed_points`).
 """
 
@@ -245,13 +246,17 @@ def reuse_points(study: optuna.Study, spec: SweepSpec, points: list[dict[str, An
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
-    """Switch the oldest WAITING trial to RUNNING; the storage guarantees one winner.
+    """Switch a WAITING trial to RUNNING; the storage guarantees one winner. Retries (trials
+    with ``failed_trial``: a killed run queued again, or ``--retry-failed``) go first, oldest
+    first, since they resume a run already begun from its ``last.ckpt``; then the queue in its
+    order, so a sweep stopped and restarted keeps the order its spec set.
 
     The heartbeat is recorded before the claim: Optuna never fails a RUNNING trial that has no
     heartbeat, so a worker killed between claiming and its first beat would block the sweep.
     """
     study_id = storage.get_study_id_from_name(study.study_name)
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    for frozen in sorted(waiting, key=lambda t: ("failed_trial" not in t.system_attrs, t.number)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
         try:
             storage.record_heartbeat(trial_id)
