@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from arbench.cli_errors import check_config_files, short_parser_message
 from arbench.data.datamodule import MQARDataModule
 from arbench.kernels import keep_heap
 from arbench.lit import DivergenceError, LitRecall
-from arbench.noise import quiet_known_noise
+from arbench.noise import quiet_known_noise, quiet_resume_warning
 from arbench.precision import bf16_warning
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
@@ -170,8 +169,7 @@ class ArbenchCLI(LightningCLI):
         if slow and self.trainer.is_global_zero:
             print(f"warning: {slow}", file=sys.stderr)
         if self.config[self.subcommand].get("ckpt_path") is not None:
-            # a resume writes into the folder it resumes from, by design
-            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not")
+            quiet_resume_warning()
 
     def before_validate(self) -> None:
         checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed

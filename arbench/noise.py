@@ -5,7 +5,10 @@ Each filter matches one known message, so every other warning still shows:
 - torch's ``isinstance(treespec, LeafSpec)`` deprecation, raised inside Lightning;
 - Lightning's "💡 Tip: ... litlogger" advert;
 - Lightning's "dataloader is not resumable" on a resume: the README says what a resume does to
-  the data order instead (the interrupted epoch's order starts again from its beginning).
+  the data order instead (the interrupted epoch's order starts again from its beginning);
+- Lightning's "Checkpoint directory … exists and is not empty", on a resume only
+  (:func:`quiet_resume_warning`): a resume writes into the folder it resumes from, by design,
+  while a fresh run into a used folder still hears it.
 """
 
 from __future__ import annotations
@@ -40,3 +43,8 @@ def quiet_known_noise() -> None:
     logger = logging.getLogger(_RANK_ZERO_LOGGER)
     if not any(isinstance(f, _DropMessages) for f in logger.filters):
         logger.addFilter(_DropMessages(_LOG_MESSAGES))
+
+
+def quiet_resume_warning() -> None:
+    """Silence "Checkpoint directory … exists and is not empty": call it only when resuming."""
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not")

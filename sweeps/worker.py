@@ -28,7 +28,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
-from arbench.noise import quiet_known_noise
+from arbench.noise import quiet_known_noise, quiet_resume_warning
 from sweeps.refs import resolve_refs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
@@ -384,6 +384,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     ckpt = str(last) if last.exists() else None
     trial.set_user_attr("run_name", name)
     log(f"trial {trial.number} {name}: start" + (" (resuming last.ckpt)" if ckpt else ""))
+    if ckpt:
+        quiet_resume_warning()
     t0 = time.time()
     try:
         resolved = resolve_refs(params, storage)  # best:<study> values -> checkpoints

@@ -116,6 +116,18 @@ def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
     assert again.datetime_complete == first.datetime_complete  # never rerun
 
 
+def test_a_resumed_point_does_not_warn_that_its_checkpoint_folder_is_used(tmp_path):
+    """A point whose run folder holds a last.ckpt resumes from it, without Lightning's
+    "Checkpoint directory … exists and is not empty" (the folder is its own, by design)."""
+    spec = write_spec(tmp_path, "again", {"model.feature_map.init_args.p": [2]})
+    for db in ("first", "second"):  # the second database finds the first's run folder
+        out = sweep("run", str(spec), "--storage", f"sqlite:///{tmp_path / db}.sqlite",
+                    "--threads", "1", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert "(resuming last.ckpt)" in out.stdout
+    assert "exists and is not empty" not in out.stderr
+
+
 def run_two_workers(tmp_path: Path, url: str, study: str) -> None:
     """``--workers 2`` in one command, plus a second command started at the same moment (as
     on another machine): both race to queue the grid and to claim its points."""
