@@ -29,7 +29,11 @@ from arbench.cli_errors import check_config_files, short_parser_message
 from arbench.data.datamodule import MQARDataModule
 from arbench.kernels import keep_heap
 from arbench.lit import DivergenceError, LitRecall
-from arbench.noise import quiet_known_noise, quiet_resume_warning
+from arbench.noise import (
+    quiet_evaluation_dirpath_warning,
+    quiet_known_noise,
+    quiet_resume_warning,
+)
 from arbench.precision import bf16_warning
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
@@ -173,9 +177,11 @@ class ArbenchCLI(LightningCLI):
 
     def before_validate(self) -> None:
         checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed
+        quiet_evaluation_dirpath_warning()  # as it does for a checkpoint from another folder
 
     def before_test(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        quiet_evaluation_dirpath_warning()
 
 
 def _is_allocation_failure(err: BaseException) -> bool:

@@ -8,7 +8,10 @@ Each filter matches one known message, so every other warning still shows:
   the data order instead (the interrupted epoch's order starts again from its beginning);
 - Lightning's "Checkpoint directory … exists and is not empty", on a resume only
   (:func:`quiet_resume_warning`): a resume writes into the folder it resumes from, by design,
-  while a fresh run into a used folder still hears it.
+  while a fresh run into a used folder still hears it;
+- Lightning's "The dirpath has changed from …" when ``validate`` or ``test`` loads a checkpoint
+  from another folder (:func:`quiet_evaluation_dirpath_warning`): neither saves checkpoints,
+  so the checkpoint callback's state it drops is never used.
 """
 
 from __future__ import annotations
@@ -48,3 +51,8 @@ def quiet_known_noise() -> None:
 def quiet_resume_warning() -> None:
     """Silence "Checkpoint directory … exists and is not empty": call it only when resuming."""
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not")
+
+
+def quiet_evaluation_dirpath_warning() -> None:
+    """Silence "The dirpath has changed from …": call it only for ``validate`` and ``test``."""
+    warnings.filterwarnings("ignore", message="The dirpath has changed from")

@@ -67,10 +67,13 @@ def test_readme_test_command_with_another_profile(in_tmp, capsys, p4_ckpt):
     assert not (in_tmp / "runs").exists()
 
 
-def test_matching_ckpt_still_tests(in_tmp, capsys, p4_ckpt):
+def test_matching_ckpt_still_tests(in_tmp, capsys, p4_ckpt, recwarn):
+    """A checkpoint from another folder tests, with no error and without Lightning's "The
+    dirpath has changed" (testing never saves checkpoints)."""
     run(["test", *P4, "--ckpt_path", str(p4_ckpt), "--trainer.limit_test_batches", "1",
          "--trainer.enable_progress_bar", "false", "--model.lr", "0.5"])  # lr: training only
     assert "error" not in capsys.readouterr().err
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
 
 
 # ---- case 5: missing or corrupt checkpoint -------------------------------------------------
