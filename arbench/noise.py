@@ -4,6 +4,8 @@ Each filter matches one known message, so every other warning still shows:
 
 - torch's ``isinstance(treespec, LeafSpec)`` deprecation, raised inside Lightning;
 - Lightning's "💡 Tip: ... litlogger" advert;
+- Lightning's "Precision bf16-mixed is not supported by the model summary … Using 32 bits
+  instead": under bf16-mixed the weights stay fp32, so the summary's size is right;
 - Lightning's "dataloader is not resumable" on a resume: the README says what a resume does to
   the data order instead (the interrupted epoch's order starts again from its beginning);
 - Lightning's "Checkpoint directory … exists and is not empty", on a resume only
@@ -22,6 +24,7 @@ import warnings
 _WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader",
+    r"Precision bf16-mixed is not supported by the model summary",
 )
 _LOG_MESSAGES = ("litlogger",)
 _RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
