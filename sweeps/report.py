@@ -203,6 +203,11 @@ def variant(hp: dict[str, Any]) -> str:
     return "".join(f" {p}" for p in parts)
 
 
+def variant_name(hp: dict[str, Any]) -> str:
+    """:func:`variant` as a name, e.g. ``"qk-norm"``; ``"baseline"`` for none."""
+    return variant(hp).strip() or "baseline"
+
+
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
     slice_names = sorted({k for r in table for k in r["slices"]},
                          key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
@@ -367,10 +372,10 @@ def write_runs(spec: SweepSpec, storage: Any, out: Path) -> Path:
 
 def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
     """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams;
-    ``"variant"`` is the row's diagnosis switches as its label names them (:func:`variant`,
-    e.g. ``"qk-norm"``), ``"baseline"`` for none."""
+    ``"variant"`` is the row's diagnosis switches as its label names them
+    (:func:`variant_name`)."""
     if key == "variant":
-        name = variant(hp).strip() or "baseline"
+        name = variant_name(hp)
         return name in want if isinstance(want, list) else name == want
     names = key.split("*")
     if any(hp.get(n) is None for n in names):
@@ -448,7 +453,7 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
         if series_key == "feature_map":
             name = str(hp.get("feature_map"))
         elif series_key == "variant":  # the diagnosis switches (report.variant)
-            name = variant(hp).strip() or "baseline"
+            name = variant_name(hp)
         else:
             name = f"{series_key}={hp.get(series_key)}"
         groups[name].append((float(hp[x_key]), 100 * r["mean"], 100 * r["std"]))
