@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from arbench.denormals import Flush
 from arbench.featuremaps import FeatureMap
 from arbench.model import RecallModel
 from arbench.optim import make_adamw
@@ -52,9 +51,6 @@ class LitRecall(L.LightningModule):
     shared weights copied, a BASED map embedded exactly into this model's affine LLoPS map,
     spare feature columns at ``N(0, init_spare_std²)``), applied at set-up unless the trainer
     restores a checkpoint of this run (resume, test); the optimiser starts fresh.
-
-    From set-up to tear-down the CPU flushes subnormal fp32 values to zero
-    (:mod:`arbench.denormals`: they cost a slow path per operation; the setting is restored after).
     """
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
@@ -92,11 +88,9 @@ class LitRecall(L.LightningModule):
         self.slice_names: list[str] = []
         self._tokens_seen = 0
         self._t_last: float | None = None
-        self._flush = Flush()
 
     # ---- data-dependent set-up -------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        self._flush.start()
         if self.hparams.init_from and self.trainer.ckpt_path is None:
             converted = warm_start(self.model, self.hparams.init_from,
                                    self.hparams.init_spare_std)
@@ -108,9 +102,6 @@ class LitRecall(L.LightningModule):
         if names and names != self.slice_names:
             self.slice_names = names
             self.slice_acc = torch.nn.ModuleList(MeanMetric() for _ in names)
-
-    def teardown(self, stage: str) -> None:
-        self._flush.stop()
 
     def hparams_for_logging(self) -> dict[str, float | int | str | bool]:
         """Flat hyperparameters for the TensorBoard HParams tab and sweep records."""
