@@ -20,14 +20,16 @@ def bracket_key(params: dict) -> tuple:
 
 
 class _BracketView:
-    """The study as a pruner sees it, holding only the trials of one bracket."""
+    """The study as a pruner sees it, holding only the trials of one bracket, less failed
+    trials: a failed trial's run is either retried (its retry stands for it) or not a result."""
 
     def __init__(self, study: optuna.Study, key: tuple):
         self._study, self._key = study, key
 
     def get_trials(self, deepcopy: bool = True, states=None) -> list:
         return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states)
-                if t.params and bracket_key(t.params) == self._key]
+                if t.params and bracket_key(t.params) == self._key
+                and t.state != optuna.trial.TrialState.FAIL]
 
     def __getattr__(self, name: str):
         return getattr(self._study, name)

@@ -2,8 +2,8 @@
 
 Trials send heartbeats; a RUNNING trial whose heartbeat is older than ``grace`` seconds (its
 process was killed, or the machine lost power) is marked FAIL and a copy with the same grid
-point is queued again (Optuna's ``RetryHeartbeatStaleTrialCallback``). Trials that fail by raising are
-not retried.
+point is queued again (Optuna's ``RetryHeartbeatStaleTrialCallback``, less the stale trial's rung
+values: ``sweeps.retry``). Trials that fail by raising are not retried.
 
 On SQLite every transaction starts with ``BEGIN IMMEDIATE`` (see ``serialize_sqlite``): the
 driver would otherwise begin only at the first write, and two workers could both read a trial as
@@ -17,9 +17,11 @@ import warnings
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+
+from sweeps.retry import RetryStaleWithoutRungs
 
 DEFAULT_DB = Path("runs") / "sweeps.db"
 
@@ -79,7 +81,7 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
         try:
             storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
                                  grace_period=grace, heartbeat_stale_trial_callback=(
-                                     RetryHeartbeatStaleTrialCallback(max_retry=3)))
+                                     RetryStaleWithoutRungs(max_retry=3)))
         except Exception as err:  # sqlalchemy raises many kinds; reduce to one line
             text = str(err).strip()
             # Two processes creating a new database's schema at once: the loser retries.

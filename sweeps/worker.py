@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise, quiet_resume_warning
 from sweeps.refs import resolve_refs
+from sweeps.retry import checkpoint_step, replay_curve, without_rungs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
@@ -190,11 +191,12 @@ def failed_points(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def requeue(study: optuna.Study, failed: optuna.trial.FrozenTrial) -> None:
     """Queue a fresh WAITING trial of the failed trial's point, as the storage does for a
-    stale trial (same params and ``fixed_params``, ``failed_trial`` naming the old one)."""
+    stale trial (same params and ``fixed_params``, ``failed_trial`` naming the old one, no rung
+    values: ``sweeps.retry``)."""
     user_attrs = {k: v for k, v in failed.user_attrs.items() if k != "fail_reason"}
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.WAITING, params=failed.params, distributions=failed.distributions,
-        user_attrs=user_attrs, system_attrs={**failed.system_attrs,
+        user_attrs=user_attrs, system_attrs={**without_rungs(failed.system_attrs),
                                              "failed_trial": failed.number}))
 
 
@@ -396,6 +398,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
             from sweeps.pruning import StepPruningCallback
 
             trainer.callbacks.append(StepPruningCallback(trial, monitor=spec.metric))
+            if ckpt:  # the rungs the run passed before it stopped, judged again
+                replay_curve(trial, checkpoint_step(ckpt))
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
         config_text = cli.parser.dump(cli.config, skip_none=False)
         (Path(trainer.log_dir) / "config.yaml").write_text(config_text)

@@ -118,8 +118,10 @@ def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
 
 def test_a_resumed_point_does_not_warn_that_its_checkpoint_folder_is_used(tmp_path):
     """A point whose run folder holds a last.ckpt resumes from it, without Lightning's
-    "Checkpoint directory … exists and is not empty" (the folder is its own, by design)."""
-    spec = write_spec(tmp_path, "again", {"model.feature_map.init_args.p": [2]})
+    "Checkpoint directory … exists and is not empty" (the folder is its own, by design). With
+    a pruner on, the resume reads its checkpoint's step to replay the curve before it."""
+    spec = write_spec(tmp_path, "again", {"model.feature_map.init_args.p": [2]},
+                      pruner={"type": "halving", "min_resource": 3})
     for db in ("first", "second"):  # the second database finds the first's run folder
         out = sweep("run", str(spec), "--storage", f"sqlite:///{tmp_path / db}.sqlite",
                     "--threads", "1", cwd=tmp_path)
