@@ -11,7 +11,9 @@ number), so a commit of a grown archive is a diff of added lines:
   "intermediate_values": [[step, value], ...], "datetime_start": iso, "datetime_complete": iso}``
 
 A trial that was running or waiting when saved is archived as WAITING: its process and its
-``last.ckpt`` stay behind with the machine, so a restored sweep queues it again from the start.
+``last.ckpt`` stay behind with the machine, so a restored sweep queues it again from the start,
+without the rung values the pruner had recorded for it (``sweeps.retry``): it is judged again
+on its new run.
 Saving merges: studies the archive holds and the storage does not are kept. Restoring adds the
 archive's studies the storage lacks, each trial under its own number, and leaves studies the
 storage already has as they are.
@@ -30,6 +32,7 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeps.retry import without_rungs
 from sweeps.storage import StorageError
 from sweeps.worker import is_lock_study
 
@@ -45,14 +48,16 @@ def _parse_time(value: str | None) -> datetime.datetime | None:
 
 
 def trial_record(study: str, t: FrozenTrial) -> dict[str, Any]:
-    """One trial as an archive line (RUNNING and WAITING become WAITING, with no times)."""
+    """One trial as an archive line (RUNNING and WAITING become WAITING, with no times, curve
+    or rung values)."""
     waiting = t.state in UNFINISHED
     return {"study": study, "number": t.number,
             "state": "WAITING" if waiting else t.state.name,
             "values": None if waiting else t.values, "params": t.params,
             "distributions": {k: json.loads(distribution_to_json(d))
                               for k, d in t.distributions.items()},
-            "user_attrs": t.user_attrs, "system_attrs": t.system_attrs,
+            "user_attrs": t.user_attrs,
+            "system_attrs": without_rungs(t.system_attrs) if waiting else t.system_attrs,
             "intermediate_values": [] if waiting else sorted(t.intermediate_values.items()),
             "datetime_start": None if waiting else _time(t.datetime_start),
             "datetime_complete": None if waiting else _time(t.datetime_complete)}

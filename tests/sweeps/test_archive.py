@@ -25,8 +25,9 @@ def a_study(url: str, name: str = "s") -> optuna.Study:
                                      user_attrs={"val_curve": [[250, 0.5]], "wall_time_s": 9.5},
                                      system_attrs={"fixed_params": point},
                                      intermediate_values=curve))
-    running = study.ask()  # a worker's trial in flight
+    running = study.ask()  # a worker's trial in flight, past the pruner's first rung
     running.set_user_attr("run_name", "lr0.003_seed1")
+    running.storage.set_trial_system_attr(running._trial_id, "completed_rung_0", 0.5)
     study.enqueue_trial({"model.lr": 3e-3, "seed_everything": 2})
     optuna.create_study(study_name="_arbench_lock::s", storage=url)
     return study
@@ -54,6 +55,8 @@ def test_save_and_restore_keep_every_trial_and_queue_the_unfinished_again(tmp_pa
                 b.intermediate_values, b.datetime_complete)
     assert new[4].system_attrs["fixed_params"] == {"model.lr": 3e-3, "seed_everything": 2}
     assert new[3].user_attrs == {"run_name": "lr0.003_seed1"}
+    assert old[3].system_attrs == {"completed_rung_0": 0.5}
+    assert new[3].system_attrs == {}  # it trains again from step 0: judged again
 
     assert restore(archive, url) == ({}, ["s"])  # a study already there is left alone
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 5
