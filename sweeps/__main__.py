@@ -1,4 +1,4 @@
-"""``python -m sweeps run SPEC [--profile P] [--size S] [--storage URL] [--workers N]
+"""``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
 [--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
 ``python -m sweeps status``, ``python -m sweeps save|restore ARCHIVE`` (:mod:`sweeps.archive`).
 
@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from arbench.checks import CliError, check_writable
@@ -45,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sweeps", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) a sweep")
-    run.add_argument("spec")
+    run.add_argument("spec", nargs="+", help="one spec, or several to run one after another")
     run.add_argument("--profile", help="smoke | cpu | paper (default: the spec's)")
     run.add_argument("--size", help="a model size of configs/sizes/, e.g. tiny (default: the "
                                     "spec's, else the model's default size)")
@@ -79,40 +80,67 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import torch
-
+    """Run each spec's sweep in turn. Every spec is loaded and checked before the first
+    runs, so a bad one fails at the start rather than hours later; a sweep that ends with
+    failed points does not stop the next. Worker processes (``--workers``) are started for
+    one spec at a time (``ARBENCH_SWEEP_SPEC`` names which)."""
     from arbench.kernels import keep_heap
-    from sweeps.worker import enqueue_grid, make_study, quiet_libraries, validate_points, work
+    from sweeps.worker import quiet_libraries
 
     quiet_libraries()
     keep_heap()
     if args.workers < 1:
         raise SpecError("--workers must be >= 1")
     check_writable(args.runs, "--runs")
-    spec = load_spec(args.spec, args.profile, args.size)
-    if (args.retry_failed or args.widen) and spec.sampler != "grid":
-        raise SpecError("--retry-failed and --widen need a grid sweep (sampler: grid)")
-    if args.widen < 0 or (args.widen and len(spec.lr) < 2):
-        raise SpecError("--widen needs N >= 0 and a spec with at least 2 lrs")
-    storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
+    only = os.environ.get("ARBENCH_SWEEP_SPEC")
+    paths = [args.spec[int(only)]] if only is not None else args.spec
+    specs = [load_spec(path, args.profile, args.size) for path in paths]
+    for spec in specs:
+        if (args.retry_failed or args.widen) and spec.sampler != "grid":
+            raise SpecError(f"{spec.study}: --retry-failed and --widen need a grid sweep "
+                            "(sampler: grid)")
+        if args.widen < 0 or (args.widen and len(spec.lr) < 2):
+            raise SpecError(f"{spec.study}: --widen needs N >= 0 and a spec with at least 2 lrs")
+    studies = [spec.study for spec in specs]
+    if len(set(studies)) < len(studies):
+        raise SpecError(f"a study is named twice in {', '.join(studies)}")
+    if os.environ.get("ARBENCH_SWEEP_WORKER") is None:
+        from sweeps.worker import validate_points
+
+        for spec in specs:
+            validate_points(spec)
+    storages = [open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
+                for spec in specs]
+    index = int(only) if only is not None else None
+    return max(run_spec(spec, storage, args, index if index is not None else i)
+               for i, (spec, storage) in enumerate(zip(specs, storages)))
+
+
+def run_spec(spec, storage, args: argparse.Namespace, index: int) -> int:
+    """Run one spec's sweep (in the parent: queue its grid, start the other workers, widen);
+    returns the exit status."""
+    import torch
+
+    from sweeps.worker import enqueue_grid, make_study, work
+
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     torch.set_num_threads(threads)
     if worker_id is None:
-        validate_points(spec)
         study = make_study(spec, storage)
         queued, requeued = enqueue_grid(study, spec, storage, args.retry_failed) \
             if spec.sampler == "grid" else (0, 0)
         again = f", {requeued} failed queued again" if args.retry_failed else ""
-        print(f"study {spec.study} (profile {spec.profile}): {len(spec.points())} grid points, "
-              f"{queued} newly queued{again}; {args.workers} worker(s), {threads} thread(s) each",
-              flush=True)
+        print(f"[{time.strftime('%F %T')}] study {spec.study} (profile {spec.profile}): "
+              f"{len(spec.points())} grid points, {queued} newly queued{again}; "
+              f"{args.workers} worker(s), {threads} thread(s) each", flush=True)
     ran, codes = 0, []
     while True:
         children = []
         if worker_id is None and args.workers > 1:
             for i in range(1, args.workers):
-                env = {**os.environ, "ARBENCH_SWEEP_WORKER": f"w{i}"}
+                env = {**os.environ, "ARBENCH_SWEEP_WORKER": f"w{i}",
+                       "ARBENCH_SWEEP_SPEC": str(index)}
                 children.append(subprocess.Popen([sys.executable, "-m", "sweeps",
                                                   *sys.argv[1:]],
                                                  env=env, preexec_fn=_die_with_parent))
@@ -132,7 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sweeps.report import count_states
 
         counts = count_states(spec.study, storage)
-        print(f"study {spec.study}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
+        print(f"[{time.strftime('%F %T')}] study {spec.study}: " +
+              ", ".join(f"{k} {v}" for k, v in counts.items()) +
               f" (this process ran {ran})", flush=True)
         if report_failures(spec.study, storage, grid=spec.sampler == "grid"):
             return max([1, *codes])

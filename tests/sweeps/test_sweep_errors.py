@@ -90,3 +90,28 @@ def test_help_reads_well(tmp_path):
     out = sweep("--help", cwd=tmp_path, timeout=60, check=True)
     assert "``" not in out.stdout and "Optuna sweeps of main.py" in out.stdout
     assert "--retry-failed" in sweep("run", "--help", cwd=tmp_path, timeout=60).stdout
+
+
+def test_several_specs_run_one_after_another_and_a_bad_one_stops_none_midway(tmp_path):
+    first = write_spec(tmp_path, "first", {"seed_everything": [0]})
+    second = write_spec(tmp_path, "second", {"seed_everything": [0, 1]})
+    bad = write_spec(tmp_path, "bad", {"model.feature_map.init_args.p": [0]})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = sweep("run", str(first), str(bad), "--storage", url, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "grid point" in one_error_line(out.stderr) and "init_args.p" in out.stderr
+    assert not (tmp_path / "db.sqlite").exists()  # checked before the first sweep began
+
+    out = sweep("run", str(first), str(second), "--storage", url, "--workers", "2",
+                "--threads", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    order = [ln.split("] study ")[1].split()[0] for ln in out.stdout.splitlines()
+             if "] study " in ln and "grid points" in ln]
+    assert order == ["first", "second"]
+    for study, n in (("first", 1), ("second", 2)):
+        trials = optuna.load_study(study_name=study, storage=url).get_trials()
+        assert [t.state for t in trials] == [TrialState.COMPLETE] * n
+    done_first = max(t.datetime_complete for t in
+                     optuna.load_study(study_name="first", storage=url).get_trials())
+    assert all(t.datetime_start > done_first for t in
+               optuna.load_study(study_name="second", storage=url).get_trials())
