@@ -95,12 +95,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     only = os.environ.get("ARBENCH_SWEEP_SPEC")
     paths = [args.spec[int(only)]] if only is not None else args.spec
     specs = [load_spec(path, args.profile, args.size) for path in paths]
+    if args.widen < 0:
+        raise SpecError("--widen needs N >= 0")
     for spec in specs:
         if (args.retry_failed or args.widen) and spec.sampler != "grid":
             raise SpecError(f"{spec.study}: --retry-failed and --widen need a grid sweep "
                             "(sampler: grid)")
-        if args.widen < 0 or (args.widen and len(spec.lr) < 2):
-            raise SpecError(f"{spec.study}: --widen needs N >= 0 and a spec with at least 2 lrs")
+    if args.widen and not any(len(spec.lr) >= 2 for spec in specs):
+        raise SpecError("--widen needs a spec with an lr sub-grid of at least 2 lrs")
     studies = [spec.study for spec in specs]
     if len(set(studies)) < len(studies):
         raise SpecError(f"a study is named twice in {', '.join(studies)}")
@@ -147,6 +149,10 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int) -> int:
         ran += work(spec, storage, Path(args.runs), worker_id or "w0", max_trials=args.trials)
         codes += [c.wait() for c in children]
         if worker_id is not None or not args.widen or args.trials:
+            break
+        if len(spec.lr) < 2:
+            print(f"{spec.study}: no lr sub-grid of 2 or more lrs (its grid sets each lr), so "
+                  "--widen does not apply to it", flush=True)
             break
         from sweeps.widen import widen
 

@@ -115,3 +115,20 @@ def test_several_specs_run_one_after_another_and_a_bad_one_stops_none_midway(tmp
                      optuna.load_study(study_name="first", storage=url).get_trials())
     assert all(t.datetime_start > done_first for t in
                optuna.load_study(study_name="second", storage=url).get_trials())
+
+
+def test_widen_applies_to_the_specs_with_an_lr_sub_grid(tmp_path):
+    one_lr = write_spec(tmp_path, "one_lr", {"seed_everything": [0]})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = sweep("run", str(one_lr), "--widen", "1", "--storage", url, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "lr sub-grid of at least 2 lrs" in one_error_line(out.stderr)
+
+    two_lrs = write_spec(tmp_path, "two_lrs", {"seed_everything": [0]}, lr=[3e-3, 1e-2])
+    out = sweep("run", str(two_lrs), str(one_lr), "--widen", "1", "--storage", url,
+                cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "one_lr: no lr sub-grid of 2 or more lrs" in out.stdout
+    widened = optuna.load_study(study_name="two_lrs", storage=url).get_trials()
+    assert len(widened) == 3  # the edge best lr got one more beyond it
+    assert len(optuna.load_study(study_name="one_lr", storage=url).get_trials()) == 1
