@@ -75,8 +75,23 @@ def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
     return f"  ~{total / 3600:.1f} h of runs left (median run {median:.0f} s)"
 
 
+def running_line(t: optuna.trial.FrozenTrial) -> str:
+    """``  running: <run> since HH:MM, step S: V`` for a running trial (its last validation;
+    ``no validation yet`` before the first; ``(a retry)`` when it replaces a failed trial)."""
+    name = t.user_attrs.get("run_name", f"trial {t.number}")
+    since = t.datetime_start.strftime("%H:%M") if t.datetime_start else "?"
+    retry = " (a retry)" if "failed_trial" in t.system_attrs else ""
+    if t.intermediate_values:
+        step = max(t.intermediate_values)
+        where = f"step {step}: {t.intermediate_values[step]:.4f}"
+    else:
+        where = "no validation yet"
+    return f"  running: {name}{retry} since {since}, {where}"
+
+
 def status_lines(storage: Any) -> list[str]:
-    """One line per study: its trial counts by state and :func:`run_time_left`."""
+    """One line per study: its trial counts by state and :func:`run_time_left`, then one
+    :func:`running_line` per running trial."""
     from sweeps.worker import is_lock_study  # worker imports this module through refs
 
     lines = []
@@ -87,6 +102,7 @@ def status_lines(storage: Any) -> list[str]:
         trials = study.get_trials(deepcopy=False)
         lines.append(f"{summary.study_name:<24} " + "  ".join(
             f"{k} {v}" for k, v in state_counts(trials).items()) + run_time_left(trials))
+        lines += [running_line(t) for t in trials if t.state == TrialState.RUNNING]
     return lines or ["no studies"]
 
 

@@ -531,6 +531,25 @@ def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
     assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
 
 
+def test_status_shows_each_running_trial_with_its_last_validation(tmp_path):
+    from sweeps import report
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="live", storage=url, direction="maximize")
+    started = study.ask()
+    started.set_user_attr("run_name", "p4_lr0.001_seed0")
+    for step, value in ((250, 0.125), (500, 0.5)):
+        started.report(value, step)
+    fresh = study.ask()
+    study._storage.set_trial_system_attr(fresh._trial_id, "failed_trial", 0)
+    lines = report.status_lines(optuna.storages.RDBStorage(url))
+    assert lines[0].startswith("live ") and "running 2" in lines[0]
+    since = study.get_trials()[0].datetime_start.strftime("%H:%M")
+    assert lines[1] == f"  running: p4_lr0.001_seed0 since {since}, step 500: 0.5000"
+    assert lines[2].startswith("  running: trial 1 (a retry) since ")
+    assert lines[2].endswith(", no validation yet")
+
+
 def test_status_times_each_queued_run_by_its_nearest_finished_points(tmp_path):
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
