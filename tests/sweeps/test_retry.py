@@ -65,23 +65,28 @@ def test_a_stale_trials_retry_inherits_no_rung_values(tmp_path):
     assert retry.system_attrs["fixed_params"] == {"model.lr": 3e-3, "seed_everything": 0}
 
 
+def failed_run(study, storage, values: dict[int, float]) -> optuna.Trial:
+    """A 3e-3 run that reports ``values`` (step -> val), asking the pruner after each (so it
+    records the rungs it passes), then fails."""
+    run = start(study, storage, 3e-3)
+    for step, value in values.items():
+        run.report(value, step)
+        run.should_prune()
+    study.tell(run, state=TrialState.FAIL)
+    return run
+
+
 def test_a_failed_trial_queued_again_inherits_no_rung_values(tmp_path):
     study, storage = halving_study(tmp_path)
-    run = start(study, storage, 3e-3)
-    run.report(0.9, 100)
-    run.should_prune()
-    study.tell(run, state=TrialState.FAIL)
+    run = failed_run(study, storage, {100: 0.9})
     requeue(study, study.get_trials()[0])
     retry = study.get_trials(states=(TrialState.WAITING,))[0]
     assert retry.system_attrs["failed_trial"] == run.number and rungs(retry) == {}
 
 
 def killed_run_and_its_retry(study, storage, values: dict[int, float]) -> optuna.Trial:
-    """A 3e-3 run reports ``values`` (step -> val), fails, and its retry is claimed."""
-    run = start(study, storage, 3e-3)
-    for step, value in values.items():
-        run.report(value, step)
-    study.tell(run, state=TrialState.FAIL)
+    """A :func:`failed_run` with ``values``, and its retry, claimed."""
+    run = failed_run(study, storage, values)
     requeue(study, study.get_trials(states=(TrialState.FAIL,))[0])
     retry = optuna.Trial(study, claim_waiting(study, storage))
     assert storage.get_trial(retry._trial_id).system_attrs["failed_trial"] == run.number
@@ -126,10 +131,7 @@ def test_a_failed_trials_rung_value_does_not_compete(tmp_path):
     # a failed 3e-3 run passed step 100 at 0.95; its retry stands for it, so the bracket's
     # 3e-4 run is judged against the runs that are results (alone: it passes)
     study, storage = halving_study(tmp_path)
-    failed = start(study, storage, 3e-3)
-    failed.report(0.95, 100)
-    failed.should_prune()
-    study.tell(failed, state=TrialState.FAIL)
+    failed_run(study, storage, {100: 0.95})
     run = start(study, storage, 3e-4)
     run.report(0.2, 100)
     assert not run.should_prune()
