@@ -93,8 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError("--workers must be >= 1")
     check_writable(args.runs, "--runs")
     only = os.environ.get("ARBENCH_SWEEP_SPEC")
-    paths = [args.spec[int(only)]] if only is not None else args.spec
-    specs = [load_spec(path, args.profile, args.size) for path in paths]
+    indices = [int(only)] if only is not None else list(range(len(args.spec)))
+    specs = [load_spec(args.spec[i], args.profile, args.size) for i in indices]
     if args.widen < 0:
         raise SpecError("--widen needs N >= 0")
     for spec in specs:
@@ -113,9 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             validate_points(spec)
     storages = [open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
                 for spec in specs]
-    index = int(only) if only is not None else None
-    return max(run_spec(spec, storage, args, index if index is not None else i)
-               for i, (spec, storage) in enumerate(zip(specs, storages)))
+    return max(run_spec(spec, storage, args, i)
+               for i, spec, storage in zip(indices, specs, storages))
 
 
 def run_spec(spec, storage, args: argparse.Namespace, index: int) -> int:
