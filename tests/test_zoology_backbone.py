@@ -116,7 +116,7 @@ def test_backbone_options_one_clear_error():
             RecallModel(vocab_size=64, d_model=16, num_heads=2, feature_map=fm, **kw)
 
 
-@pytest.mark.parametrize("name", ["zoology_based.yaml", "zoology_p4.yaml"])
+@pytest.mark.parametrize("name", ["zoology_based.yaml", "zoology_p4.yaml", "zoology_p6.yaml"])
 def test_zoology_configs_train_at_smoke_size(in_tmp, name):
     cli = run(["fit", "--config", config(name), *SMOKE,
                "--trainer.max_steps", "6", "--trainer.val_check_interval", "6",
