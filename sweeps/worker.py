@@ -211,9 +211,14 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
                  retry_failed: bool = False) -> tuple[int, int]:
     """Queue every grid point that has no trial yet and, with ``retry_failed``, every failed
     point again; returns ``(queued, requeued)``. Under :func:`queue_lock`, so concurrent
-    starts never queue a point twice."""
+    starts never queue a point twice. A spec that gained a config (or another categorical
+    value) since the study began has it added to the recorded choices first
+    (:mod:`sweeps.grow`)."""
+    from sweeps.grow import extend_categorical_params
+
     with queue_lock(storage, spec.study):
         drop_legacy_locks(storage, spec.study)
+        extend_categorical_params(storage, spec.study, spec.choices())
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
         new = [point for point in spec.points() if point not in existing]
         reused = reuse_points(study, spec, new, storage)
