@@ -49,11 +49,11 @@ def _parse_time(value: str | None) -> datetime.datetime | None:
 
 def trial_record(study: str, t: FrozenTrial) -> dict[str, Any]:
     """One trial as an archive line (RUNNING and WAITING become WAITING, with no times, curve
-    or rung values)."""
+    or rung values; a failed trial has no values, :func:`archived_values`)."""
     waiting = t.state in UNFINISHED
     return {"study": study, "number": t.number,
             "state": "WAITING" if waiting else t.state.name,
-            "values": None if waiting else t.values, "params": t.params,
+            "values": archived_values(t.state, t.values), "params": t.params,
             "distributions": {k: json.loads(distribution_to_json(d))
                               for k, d in t.distributions.items()},
             "user_attrs": t.user_attrs,
@@ -63,12 +63,20 @@ def trial_record(study: str, t: FrozenTrial) -> dict[str, Any]:
             "datetime_complete": None if waiting else _time(t.datetime_complete)}
 
 
+def archived_values(state: TrialState, values: list[float] | None) -> list[float] | None:
+    """A trial's objective values as kept: none for a trial that is unfinished or failed.
+    Optuna refuses to add a failed trial with values, and a study's database can hold one (a
+    pruned trial marked failed by hand keeps its last value), which would make the whole study
+    unrestorable."""
+    return None if state in (*UNFINISHED, TrialState.FAIL) else values
+
+
 def frozen_trial(record: dict[str, Any]) -> FrozenTrial:
     """The archive line as a trial to add to a study."""
     state = TrialState[record["state"]]
-    values = record.get("values")
     return FrozenTrial(
-        number=record["number"], state=state, value=None, values=values,
+        number=record["number"], state=state, value=None,
+        values=archived_values(state, record.get("values")),
         datetime_start=_parse_time(record.get("datetime_start")),
         datetime_complete=_parse_time(record.get("datetime_complete")),
         params=record["params"],

@@ -110,3 +110,19 @@ def test_a_file_that_is_not_an_archive_is_one_line(tmp_path):
     out = sweep("save", "archive.jsonl", "--storage", f"sqlite:///{tmp_path / 'none.db'}",
                 cwd=tmp_path)
     assert out.returncode == 2 and "no sweep database at" in out.stderr
+
+
+def test_a_failed_trial_with_a_value_restores_without_it(tmp_path):
+    # as a pruned run marked failed by hand leaves it (diagnosis trial 131): Optuna refuses to
+    # add a failed trial with values, which made the whole study unrestorable
+    a_study(f"sqlite:///{tmp_path / 'a.db'}")
+    archive = tmp_path / "archive.jsonl"
+    save(f"sqlite:///{tmp_path / 'a.db'}", archive)
+    lines = [json.loads(line) for line in archive.read_text().splitlines()]
+    assert lines[3]["state"] == "FAIL" and lines[3]["values"] is None
+    lines[3]["values"] = [0.0457]
+    archive.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    assert restore(archive, url) == ({"s": 5}, [])
+    failed = optuna.load_study(study_name="s", storage=url).get_trials()[2]
+    assert failed.state == TrialState.FAIL and failed.values is None
