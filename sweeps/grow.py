@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optuna.distributions import CategoricalDistribution, distribution_to_json, json_to_distribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.storages import RDBStorage
+
+from sweeps.recorded_params import rewrite_params
 
 
 def extend_categorical_params(storage: RDBStorage, study_name: str,
@@ -22,32 +24,18 @@ def extend_categorical_params(storage: RDBStorage, study_name: str,
     """Append to each categorical param the study has recorded the values of ``choices`` (the
     spec's, per param) that its choice list lacks, in every trial of the study; returns the
     values added per param (empty: nothing rewritten)."""
-    from optuna.storages._rdb.models import TrialModel, TrialParamModel
-
-    study_id = storage.get_study_id_from_name(study_name)
-    session = storage.scoped_session()
     added: dict[str, list[Any]] = {}
-    try:
-        rows = (session.query(TrialParamModel).join(TrialModel)
-                .filter(TrialModel.study_id == study_id).all())
-        recorded: dict[str, CategoricalDistribution] = {}
-        for row in rows:
-            dist = json_to_distribution(row.distribution_json)
-            if isinstance(dist, CategoricalDistribution) and row.param_name in choices:
-                recorded.setdefault(row.param_name, dist)
-        for name, dist in recorded.items():
-            missing = [v for v in choices[name] if v not in dist.choices]
-            if missing:
-                added[name] = missing
-        for row in rows:
-            if row.param_name not in added:
-                continue
-            old = json_to_distribution(row.distribution_json)
-            value = old.to_external_repr(row.param_value)
-            new = CategoricalDistribution([*old.choices, *added[row.param_name]])
-            row.distribution_json = distribution_to_json(new)
-            row.param_value = new.to_internal_repr(value)
-        session.commit()
-    finally:
-        session.close()
+
+    def extended(name: str, dist: BaseDistribution, value: Any) -> BaseDistribution | None:
+        # Optuna records one choice list per categorical param and study, so every row of
+        # ``name`` gets the same extension.
+        if not isinstance(dist, CategoricalDistribution) or name not in choices:
+            return None
+        missing = [v for v in choices[name] if v not in dist.choices]
+        if not missing:
+            return None
+        added[name] = missing
+        return CategoricalDistribution([*dist.choices, *missing])
+
+    rewrite_params(storage, study_name, extended)
     return added

@@ -20,15 +20,15 @@ from typing import Any
 
 import optuna
 from optuna.distributions import (
+    BaseDistribution,
     CategoricalDistribution,
     FloatDistribution,
     IntDistribution,
-    distribution_to_json,
-    json_to_distribution,
 )
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
+from sweeps.recorded_params import rewrite_params
 from sweeps.report import best_lr, by_point_and_lr, point_key
 from sweeps.spec import SweepSpec
 from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
@@ -67,29 +67,15 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
 def lift_numeric_params(storage: RDBStorage, study_name: str) -> int:
     """Rewrite the study's categorical params whose choices are all numbers as one-value
     int/float params with the same value; returns how many were rewritten."""
-    from optuna.storages._rdb.models import TrialModel, TrialParamModel
 
-    study_id = storage.get_study_id_from_name(study_name)
-    session = storage.scoped_session()
-    changed = 0
-    try:
-        rows = (session.query(TrialParamModel).join(TrialModel)
-                .filter(TrialModel.study_id == study_id).all())
-        for row in rows:
-            dist = json_to_distribution(row.distribution_json)
-            if not isinstance(dist, CategoricalDistribution) or \
-                    not all(is_number(c) for c in dist.choices):
-                continue
-            value = dist.to_external_repr(row.param_value)
-            new = IntDistribution(value, value) if isinstance(value, int) \
-                else FloatDistribution(float(value), float(value))
-            row.distribution_json = distribution_to_json(new)
-            row.param_value = new.to_internal_repr(value)
-            changed += 1
-        session.commit()
-    finally:
-        session.close()
-    return changed
+    def lifted(name: str, dist: BaseDistribution, value: Any) -> BaseDistribution | None:
+        if not isinstance(dist, CategoricalDistribution) or \
+                not all(is_number(c) for c in dist.choices):
+            return None
+        return IntDistribution(value, value) if isinstance(value, int) \
+            else FloatDistribution(float(value), float(value))
+
+    return rewrite_params(storage, study_name, lifted)
 
 
 def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str, Any]]:
