@@ -101,7 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (args.retry_failed or args.widen) and spec.sampler != "grid":
             raise SpecError(f"{spec.study}: --retry-failed and --widen need a grid sweep "
                             "(sampler: grid)")
-    if args.widen and not any(len(spec.lr) >= 2 for spec in specs):
+    # checked where every named spec is loaded: a worker of one spec sees only that spec
+    if args.widen and only is None and not any(len(spec.lr) >= 2 for spec in specs):
         raise SpecError("--widen needs a spec with an lr sub-grid of at least 2 lrs")
     studies = [spec.study for spec in specs]
     if len(set(studies)) < len(studies):

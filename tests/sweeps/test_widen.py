@@ -84,3 +84,17 @@ def test_a_study_recorded_with_categorical_numbers_is_lifted_and_widened(tmp_pat
                for t in trials for d in t.distributions.values())
     assert [(t.params["model.lr"], t.state) for t in trials[2:]] == \
         [(3.33e-4, TrialState.COMPLETE)]
+
+
+def test_widen_with_a_second_spec_that_sets_its_own_lrs_runs_both_workers(tmp_path):
+    # the second worker of each spec loads only that spec; --widen must not reject it there
+    first = write_spec(tmp_path, "edge", {"seed_everything": [0]}, lr=[1.0e-3, 3.0e-3])
+    second = write_spec(tmp_path, "fixed", {"seed_everything": [0, 1]}, lr=[3.0e-3])
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    out = sweep("run", str(first), str(second), "--storage", url, "--widen", "1",
+                "--workers", "2", "--threads", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "error" not in out.stderr
+    assert "fixed: no lr sub-grid" in out.stdout
+    trials = optuna.load_study(study_name="fixed", storage=url).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
