@@ -52,26 +52,35 @@ def point_key(params: dict[str, Any]) -> tuple:
 
 def run_time_left(trials: list[optuna.trial.FrozenTrial]) -> str:
     """``~H h of runs left (median run S s)``: the sum over queued and running trials of the
-    median wall time of the study's own finished runs (completed or pruned, reused ones left
-    out) nearest to it, those sharing the most of its grid values other than lr and seed (its
-    own point's when it has any), in one worker's hours; empty when nothing is queued or
-    nothing has finished. Points differ in cost (a delta-rule run takes longer than an additive
-    one), so one median for the whole study misjudges a queue that holds mostly one kind."""
+    median wall time of the finished runs (completed or pruned) nearest to it, those sharing
+    the most of its grid values other than lr and seed (its own point's when it has any), in
+    one worker's hours; empty when nothing is queued or nothing has finished. The study's own
+    runs are preferred; a reused run (timed on another machine or load) counts only where it
+    shares more values than any own run, so a queue of points unlike anything run yet (rank's
+    t > 1 at p = 6 beside t = 1 runs reused from elsewhere) is not timed by the cheapest own
+    kind. Points differ in cost (a delta-rule run takes longer than an additive one), so one
+    median for the whole study misjudges a queue that holds mostly one kind. The median run
+    is the own runs' (the reused runs' when there are none)."""
     from sweeps.worker import grid_point  # worker imports this module through refs
 
     left = [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
-    timed = [(point_values(grid_point(t)), t.user_attrs["wall_time_s"]) for t in trials
+    timed = [(point_values(grid_point(t)), t.user_attrs["wall_time_s"],
+              not t.user_attrs.get("reused_from")) for t in trials
              if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-             and "wall_time_s" in t.user_attrs and not t.user_attrs.get("reused_from")]
+             and "wall_time_s" in t.user_attrs]
     if not left or not timed:
         return ""
     total = 0.0
     for trial in left:
         point = point_values(grid_point(trial))
-        shared = [sum(point.get(k) == v for k, v in done.items()) for done, _ in timed]
+        shared = [sum(point.get(k) == v for k, v in done.items()) for done, _, _ in timed]
         nearest = max(shared)
-        total += statistics.median(s for (_, s), n in zip(timed, shared) if n == nearest)
-    median = statistics.median(s for _, s in timed)
+        near = [(s, own) for (_, s, own), n in zip(timed, shared) if n == nearest]
+        if any(own for _, own in near):
+            near = [(s, own) for s, own in near if own]
+        total += statistics.median(s for s, _ in near)
+    own_times = [s for _, s, own in timed if own]
+    median = statistics.median(own_times or [s for _, s, _ in timed])
     return f"  ~{total / 3600:.1f} h of runs left (median run {median:.0f} s)"
 
 

@@ -525,7 +525,7 @@ def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
         study.enqueue_trial({})
     line = report.status_lines(optuna.storages.RDBStorage(url))[0]
     assert line.startswith("eta ") and "complete 3  running 0  waiting 36  fail 0  pruned 1" in line
-    assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s; reused left out
+    assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s; the reused run is no nearer, so left out
     fresh = optuna.create_study(study_name="fresh", storage=url)
     fresh.enqueue_trial({})
     assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
@@ -575,3 +575,31 @@ def test_status_times_each_queued_run_by_its_nearest_finished_points(tmp_path):
     # no finished run of (b, delta): the runs sharing one value, (a, delta) and (b, linear): 600
     study.enqueue_trial({"config": "b", "model.mixers": "delta", "model.lr": 1e-3})
     assert report.run_time_left(study.get_trials()) == "  ~0.5 h of runs left (median run 160 s)"
+
+
+def test_status_times_a_point_unlike_any_own_run_by_a_nearer_reused_run(tmp_path):
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from sweeps import report
+
+    dists = {"p": CategoricalDistribution([2, 6]), "rank": CategoricalDistribution([1, 2, 4])}
+
+    def done(p, rank, seconds, reused=False):
+        attrs = {"wall_time_s": seconds, **({"reused_from": "other#0"} if reused else {})}
+        return create_trial(state=TrialState.COMPLETE, value=0.5, distributions=dists,
+                            params={"p": p, "rank": rank}, user_attrs=attrs)
+
+    study = optuna.create_study(direction="maximize")
+    for t in [done(2, 2, 150.0), done(6, 1, 1000.0, reused=True),
+              done(2, 1, 300.0, reused=True)]:
+        study.add_trial(t)
+    study.enqueue_trial({"p": 6, "rank": 4})  # no own run shares a value; reused (6, 1): 1000
+    study.enqueue_trial({"p": 2, "rank": 4})  # own (2, 2) and reused (2, 1) share p: own, 150
+    study.enqueue_trial({"p": 2, "rank": 2})  # its own point: 150
+    assert report.run_time_left(study.get_trials()) == "  ~0.4 h of runs left (median run 150 s)"
+    only_reused = optuna.create_study(direction="maximize")
+    only_reused.add_trial(done(6, 1, 1000.0, reused=True))
+    only_reused.enqueue_trial({"p": 6, "rank": 2})
+    assert report.run_time_left(only_reused.get_trials()) == \
+        "  ~0.3 h of runs left (median run 1000 s)"
