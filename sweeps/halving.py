@@ -13,8 +13,9 @@ within a bracket, since a live sweep's order changes with retries and parallel w
 Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` half
 the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). On ``p_ablation`` a first
 rung at a sixth of the budget kept every point's best lr in only some orders of the lrs
-(``results/p_ablation/halving.md``); a spec's ``pruner: {type: halving, ...}`` arguments
-replace the defaults.
+(``results/p_ablation/halving.md``). A study whose pruner ran live has no whole curves to
+replay, and a point of one lr nothing to halve: the report writes ``halving.md`` only for a
+study run without a pruner, and only over its points of two or more lrs.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def longest_run(trials: Trials) -> int:
     return max((int(t.user_attrs.get("global_step") or 0) for t in trials), default=0)
 
 
-def halving_args(spec_args: dict[str, Any], trials: Trials) -> dict[str, Any]:
-    """The pruner's arguments: the defaults above, replaced by the spec's."""
-    return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2), **spec_args}
+def halving_args(trials: Trials) -> dict[str, Any]:
+    """The replay's pruner arguments: reduction factor 3, one rung at half the longest run."""
+    return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2)}
 
 
 def replay_bracket(runs: Trials, direction: str,
@@ -91,13 +92,15 @@ def replay_bracket(runs: Trials, direction: str,
 def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | None = None,
            order: dict[float, int] | None = None) -> list[PointReplay]:
     """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
-    ``args``: the pruner's (default :func:`halving_args` of none); ``order``: the rank of
+    ``args``: the pruner's (default :func:`halving_args`); ``order``: the rank of
     each lr within a bracket (default: the runs' trial order)."""
     done = with_curves(trials)
-    args = args or halving_args({}, done)
+    args = args or halving_args(done)
     maximize = direction == "maximize"
     out = []
     for point, by_lr in by_point_and_lr(done).items():
+        if len(by_lr) < 2:
+            continue  # one lr: nothing to halve
         brackets: dict[Any, Trials] = defaultdict(list)
         for runs in by_lr.values():
             for t in runs:
@@ -198,22 +201,15 @@ def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
     return lines
 
 
-def spec_halving_args(spec: Any) -> dict[str, Any]:
-    """The spec's own halving arguments, if its pruner is ``halving``."""
-    return dict(spec.pruner_args) if spec.pruner == "halving" else {}
-
-
-
-
 def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
-    """``halving.md`` beside the study's table when its points tried more than one lr and
-    no pruner ran live (a replay needs every run's whole curve)."""
+    """``halving.md`` beside the study's table when a point tried more than one lr and no
+    pruner ran live (a replay needs every run's whole curve); points of one lr are left out."""
     if getattr(spec, "pruner", "none") != "none":
         return []
     done = with_curves(trials)
-    if len({t.params.get("model.lr") for t in done}) < 2:
+    if all(len(by_lr) < 2 for by_lr in by_point_and_lr(done).values()):
         return []
-    args = halving_args(spec_halving_args(spec), done)
+    args = halving_args(done)
     path = out / "halving.md"
     path.write_text("\n".join(["# Successive halving on the lr sub-grid", "",
                                *halving_text(replay(done, spec.direction, args), args),

@@ -76,3 +76,23 @@ def test_order_checks_find_a_rung_that_depends_on_which_lr_runs_first():
     assert early.min_resource == 500 and half.min_resource == 1500
     assert sorted(early.kept) == [0, 1]  # slow first: kept; fast first: lost
     assert half.kept == [1, 1] and half.points == 1
+
+
+def test_halving_md_only_for_points_that_tried_two_or_more_lrs(tmp_path):
+    from types import SimpleNamespace
+
+    from sweeps.halving import write_halving
+
+    spec = SimpleNamespace(pruner="none", direction="maximize")
+    # every point at one lr of its own (as rank's cpu grid sets each p's lr): no halving.md
+    one_lr = [run(0, 2, 3e-4, 0, 0.1), run(1, 6, 1e-3, 0, 0.05)]
+    assert write_halving(spec, one_lr, tmp_path) == []
+    assert not (tmp_path / "halving.md").exists()
+    # a point of three lrs beside one of a single lr: only the first is replayed
+    mixed = grid({2: [0.08, 0.02, 0.01]}) + [run(100, 6, 1e-3, 0, 0.05)]
+    assert [dict(r.point)["p"] for r in replay(mixed)] == ["2"]
+    [path] = write_halving(spec, mixed, tmp_path)
+    text = path.read_text()
+    assert "| p=2 |" in text and "| p=6 |" not in text
+    assert write_halving(SimpleNamespace(pruner="halving", direction="maximize"), mixed,
+                         tmp_path / "x") == []

@@ -525,7 +525,7 @@ def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
         study.enqueue_trial({})
     line = report.status_lines(optuna.storages.RDBStorage(url))[0]
     assert line.startswith("eta ") and "complete 3  running 0  waiting 36  fail 0  pruned 1" in line
-    assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s; the reused run is no nearer, so left out
+    assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s (reused: no nearer)
     fresh = optuna.create_study(study_name="fresh", storage=url)
     fresh.enqueue_trial({})
     assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
