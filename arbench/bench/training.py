@@ -27,8 +27,8 @@ from torch import nn
 from arbench.bench.config import TrainSpec
 from arbench.bench.flops import (
     FWD_BWD_FACTOR,
-    chunked_attention_flops,
     linear_flops,
+    linear_layer_flops,
 )
 from arbench.bench.timing import Case, round_robin, summary
 from arbench.data.mqar import IGNORE_INDEX, generate_mqar
@@ -55,13 +55,11 @@ def mixer_flops(mixer: nn.Module, batch: int, seq: int) -> float:
     if isinstance(mixer, ShortConv):
         d = mixer.d_model
         return 3 * linear_flops(tokens, d, d) + 2.0 * tokens * d * mixer.kernel_size
-    if isinstance(mixer, LinearAttention):
+    if type(mixer) is LinearAttention:  # a gated or delta mixer has other formulas
         d = mixer.num_heads * mixer.head_dim
-        maps = seq * (mixer.phi_q.flops_per_token() + mixer.phi_k.flops_per_token())
-        normalized = mixer.normalize != "none"
-        width = mixer.head_dim + (1 if normalized else 0)
-        attn = chunked_attention_flops(seq, mixer.feature_dim, width, mixer.chunk_size, normalized)
-        per_head = batch * mixer.num_heads * (maps + attn)
+        per_head = linear_layer_flops(mixer.phi_q, mixer.phi_k, seq, mixer.head_dim,
+                                      mixer.chunk_size, mixer.normalize != "none",
+                                      batch * mixer.num_heads)
         return linear_flops(tokens, d, 3 * d) + linear_flops(tokens, d, d) + per_head
     raise TypeError(f"no FLOP formula for mixer {type(mixer).__name__}")
 
