@@ -198,12 +198,11 @@ def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode:
     return out.to(out_dtype)
 
 
-def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      scale: float | None = None) -> torch.Tensor:
-    """Causal softmax attention via ``scaled_dot_product_attention``; ``(b, h, n, d)`` in and out."""
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention, scale 1/√d, via ``scaled_dot_product_attention``;
+    ``(b, h, n, d)`` in and out."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          scale=1.0 / math.sqrt(q.shape[-1]))
 
 
 __all__ = ["MODES", "NORMALIZE", "chunked_plain", "delta_attention", "linear_attention",

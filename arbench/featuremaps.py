@@ -1,7 +1,8 @@
 """Feature maps φ: ``(..., head_dim) -> (..., feature_dim)`` for linear attention.
 
 Each map is an ``nn.Module`` with a ``feature_dim`` attribute and ``hparams()`` (the numbers a
-sweep or a table reports). Queries and keys always get separate instances.
+sweep or a table reports). The mixers give queries and keys separate instances (the
+approximation study's fixed PolySketchFormer shares one between them).
 
 Initialisation of the projections Θ (entries N(0, σ²)), two choices:
 

@@ -42,7 +42,7 @@ def check_heads(d_model: int, num_heads: int) -> int:
 
 class FeatureMapAttention(nn.Module):
     """The plumbing every feature-map mixer shares: a fused q/k/v projection, φ_Q and φ_K
-    (``feature_map(head_dim)`` called twice), a per-head RMSNorm on the attention output when
+    (``feature_map(qk_head_dim)`` called twice), a per-head RMSNorm on the attention output when
     ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
     update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``.
     ``qk_norm``: q and k go through a LayerNorm without affine parameters (zero mean, unit
@@ -131,7 +131,7 @@ class DecayGate(nn.Module):
 class LinearAttention(FeatureMapAttention):
     """Multi-head causal linear attention with separate query and key feature maps.
 
-    ``feature_map(head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
+    ``feature_map(qk_head_dim)`` is called twice (φ_Q, φ_K). ``output_norm`` applies a per-head
     RMSNorm to the attention output; by default it is on exactly when there is no denominator.
 
     The default is no denominator plus the output RMSNorm: with signed features (LLoPS) the

@@ -89,7 +89,7 @@ def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
 
 def finished_experiments(study_names: list[str], storage: Any,
                          pruned: bool = False) -> dict[str, Any]:
-    """``{experiment: trial}`` of the completed runs of ``study_names`` and, with ``pruned``,
+    """``{experiment: (study, trial)}`` of the completed runs of ``study_names`` and, with ``pruned``,
     the pruned ones that reached a validation (each from its saved configuration,
     :func:`saved_experiment`; runs with none, or whose configuration no longer parses, are
     skipped)."""

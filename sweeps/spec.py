@@ -50,7 +50,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
-           "n_trials", "pruner", "args", "profiles", "storage", "description", "plots", "paper",
+           "n_trials", "pruner", "args", "profiles", "storage", "description", "plots",
            "claims", "reuse"}
 ALIASES = {"p": "model.feature_map.init_args.p", "m": "model.feature_map.init_args.m",
            "rank": "model.feature_map.init_args.rank", "d_model": "model.d_model",

@@ -108,7 +108,8 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
 
     ``q`` ``(nq, d)`` and ``k`` ``(nk, d)`` are the training queries and keys; every step draws
     ``min(batch, n)`` of each (seeded), so all their pairs are in reach (less the validation
-    eighth with ``until_plateau``). Returns the losses.
+    eighth with ``until_plateau``). Returns the :class:`FitResult` (losses, validation curve,
+    best validation loss, steps run and why the fit stopped).
     """
     result = FitResult(lr=config.lr)
     params = [prm for prm in pair.parameters() if prm.requires_grad]

@@ -16,7 +16,8 @@ from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate
 
 
 class ShardSampler(Sampler[int]):
-    """Items ``rank, rank + world, ...`` (optionally in a per-epoch seeded order), no padding.
+    """Items ``rank, rank + world, ...`` (optionally in a per-epoch seeded order), padded to
+    equal length across ranks when ``pad``.
 
     Evaluation shards this way so every example counts exactly once across processes; training
     uses ``pad=True`` so every rank takes the same number of steps (DDP needs it).

@@ -1,7 +1,7 @@
 """The causal depthwise convolution of the short-convolution mixer without transposes.
 
-Reference: :func:`arbench.mixers.causal_conv` (a left-padded depthwise ``conv1d`` over the
-transposed sequence, its first n outputs), value and gradient.
+Reference: :func:`arbench.mixers.causal_conv` (a depthwise ``conv1d`` padded k − 1 on both
+sides over the transposed sequence, its first n outputs), value and gradient.
 """
 
 from __future__ import annotations
