@@ -190,11 +190,14 @@ def _is_allocation_failure(err: BaseException) -> bool:
             or "can't allocate memory" in text or "out of memory" in text.lower())
 
 
-def build_cli(args: list[str] | None = None, run: bool = True) -> ArbenchCLI:
-    """The CLI over ``LitRecall`` and ``MQARDataModule``; ``run=False`` only instantiates."""
-    return ArbenchCLI(LitRecall, MQARDataModule, seed_everything_default=0,
-                      trainer_defaults=TRAINER_DEFAULTS, args=args, run=run,
-                      parser_class=ArbenchParser, save_config_kwargs={"overwrite": True})
+def build_cli(args: list[str] | None = None, run: bool = True,
+              cli_class: type[ArbenchCLI] = ArbenchCLI) -> ArbenchCLI:
+    """The CLI over ``LitRecall`` and ``MQARDataModule``; ``run=False`` only instantiates.
+    ``cli_class``: a subclass of :class:`ArbenchCLI` (``sweeps.reuse`` parses without
+    building), so every caller parses ``main.py``'s arguments the same way."""
+    return cli_class(LitRecall, MQARDataModule, seed_everything_default=0,
+                     trainer_defaults=TRAINER_DEFAULTS, args=args, run=run,
+                     parser_class=ArbenchParser, save_config_kwargs={"overwrite": True})
 
 
 def run(args: list[str] | None = None) -> ArbenchCLI | None:

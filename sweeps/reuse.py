@@ -40,14 +40,9 @@ IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
 
 def _parse_only_cli(args: list[str]) -> Any:
     """``main.py``'s parser over ``args`` (no subcommand), nothing checked or built."""
-    from arbench.cli import TRAINER_DEFAULTS, ArbenchCLI, ArbenchParser
-    from arbench.data.datamodule import MQARDataModule
-    from arbench.lit import LitRecall
+    from arbench.cli import ArbenchCLI, build_cli
 
     class ParseOnly(ArbenchCLI):
-        def _check_run(self, subcommand: str, cfg: Any) -> None:
-            pass
-
         def instantiate_classes(self) -> None:
             pass
 
@@ -55,9 +50,7 @@ def _parse_only_cli(args: list[str]) -> Any:
             pass
 
     with torch.random.fork_rng(devices=[]):
-        return ParseOnly(LitRecall, MQARDataModule, seed_everything_default=0,
-                         trainer_defaults=TRAINER_DEFAULTS, args=args, run=False,
-                         parser_class=ArbenchParser)
+        return build_cli(args, run=False, cli_class=ParseOnly)
 
 
 def experiment(args: list[str]) -> str:
