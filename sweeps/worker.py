@@ -382,15 +382,16 @@ def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
 def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage,
               runs_root: Path, log: Any) -> None:
     """Train one point in-process and record its result (or its failure) on the trial."""
+    from arbench.ckpt_check import last_checkpoint
     from arbench.cli import build_cli, checkpoints_by_run_name
 
     params = point_params(trial, spec, storage)
     name = trial_name(params)
     save_dir = runs_root / spec.study
-    last = save_dir / name / "checkpoints" / "last.ckpt"
-    ckpt = str(last) if last.exists() else None
+    last = last_checkpoint(save_dir / name / "checkpoints")  # as main.py's --ckpt_path last
+    ckpt = str(last) if last is not None else None
     trial.set_user_attr("run_name", name)
-    log(f"trial {trial.number} {name}: start" + (" (resuming last.ckpt)" if ckpt else ""))
+    log(f"trial {trial.number} {name}: start" + (f" (resuming {last.name})" if last else ""))
     if ckpt:
         quiet_resume_warning()
     t0 = time.time()
