@@ -6,6 +6,14 @@ import os
 from pathlib import Path
 
 
+def check_int(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value``; raise ``ValueError`` naming ``name`` unless it is an integer >=
+    ``minimum`` (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 class CliError(ValueError):
     """Bad input found before any work; the message is printed after ``error:``."""
 

@@ -25,13 +25,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from arbench import kernels
+from arbench.checks import check_int
 from arbench.precision import cpu_kernels, use_cpu_kernels
-
-
-def _require_int(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def sketch_std(head_dim: int, m: int, p: int, rank: int, temperature: float | None) -> float:
@@ -162,10 +157,10 @@ class LLoPS(FeatureMap):
     def __init__(self, head_dim: int, m: int = 256, p: int = 4, rank: int = 1,
                  square: bool = False, temperature: float | None = None, affine: bool = False):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
-        self.m = _require_int("m", m)
-        self.p = _require_int("p", p)
-        self.rank = _require_int("rank", rank)
+        self.head_dim = check_int("head_dim", head_dim)
+        self.m = check_int("m", m)
+        self.p = check_int("p", p)
+        self.rank = check_int("rank", rank)
         self.square = bool(square)
         self.feature_dim = m
         std = sketch_std(head_dim, m, p, rank, temperature)
@@ -247,9 +242,9 @@ class Flatten(FeatureMap):
     def __init__(self, head_dim: int, m: int = 256, p: int = 4,
                  temperature: float | None = None):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
-        self.m = _require_int("m", m)
-        self.p = _require_int("p", p)
+        self.head_dim = check_int("head_dim", head_dim)
+        self.m = check_int("m", m)
+        self.p = check_int("p", p)
         self.feature_dim = m
         std = sketch_std(head_dim, m, p, 1, temperature)
         self.theta = nn.Parameter(torch.randn(head_dim, m) * std)
@@ -277,8 +272,8 @@ class Based(FeatureMap):
 
     def __init__(self, head_dim: int, r: int = 16, project: bool = True):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
-        self.r = _require_int("r", r)
+        self.head_dim = check_int("head_dim", head_dim)
+        self.r = check_int("r", r)
         if not project and r != head_dim:
             raise ValueError(f"Based(project=False) uses q and k as they come: r must equal "
                              f"their head dimension {head_dim} (model.qk_dim / num_heads), "
@@ -319,9 +314,9 @@ class PolySketch(FeatureMap):
     def __init__(self, head_dim: int, m: int = 256, p: int = 4, seed: int = 0,
                  temperature: float = 1.0):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
-        self.m = _require_int("m", m)
-        self.p = _require_int("p", p)
+        self.head_dim = check_int("head_dim", head_dim)
+        self.m = check_int("m", m)
+        self.p = check_int("p", p)
         self.seed = int(seed)
         self.feature_dim = m
         gen = torch.Generator().manual_seed(self.seed)
@@ -345,7 +340,7 @@ class EluPlusOne(FeatureMap):
 
     def __init__(self, head_dim: int):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
+        self.head_dim = check_int("head_dim", head_dim)
         self.feature_dim = head_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -365,7 +360,7 @@ class Identity(FeatureMap):
 
     def __init__(self, head_dim: int):
         super().__init__()
-        self.head_dim = _require_int("head_dim", head_dim)
+        self.head_dim = check_int("head_dim", head_dim)
         self.feature_dim = head_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

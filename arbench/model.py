@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arbench.data.mqar import IGNORE_INDEX, check_positive_int
+from arbench.checks import check_int
+from arbench.data.mqar import IGNORE_INDEX
 from arbench.mixers import DecayGate, FeatureMapFactory, LinearAttention, mlp
 from arbench.registry import FEATURE_MIXERS, MIXERS
 
@@ -99,7 +100,7 @@ class RecallModel(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
-            check_positive_int(name, value)
+            check_int(name, value)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         if block not in BLOCKS:

@@ -107,5 +107,5 @@ def test_bad_model_args(kwargs, match):
 def test_bad_data_args():
     with pytest.raises(ValueError, match=r"data.test_segments\[0\]: seq_len must be even"):
         MQARDataModule(vocab_size=64, test_segments=[Segment(33, 4, 8)])
-    with pytest.raises(ValueError, match="data.batch_size must be a positive integer"):
+    with pytest.raises(ValueError, match="data.batch_size must be an integer >= 1"):
         MQARDataModule(vocab_size=64, batch_size=0)

@@ -107,7 +107,7 @@ def test_linear_modes_agree_in_model():
      "delta rule mode must be one of"),
     (dict(mixers=["gated"], feature_map=Identity, attention_mode="fast"),
      "attention mode must be one of"),
-    (dict(n_layers=0), "n_layers must be a positive integer"),
+    (dict(n_layers=0), "n_layers must be an integer >= 1"),
     (dict(mixers=["linear"], feature_map=functools.partial(LLoPS, p=0)), "p must be"),
     (dict(mixers=["linear"], feature_map=functools.partial(LLoPS, rank=0)), "rank must be"),
     (dict(mixers=["linear"], feature_map=functools.partial(LLoPS, m=0)), "m must be"),

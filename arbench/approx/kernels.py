@@ -8,12 +8,12 @@ from itertools import combinations_with_replacement
 
 import torch
 
+from arbench.checks import check_int
+
 
 def check_p(p: object) -> int:
     """Return ``p``; raise ``ValueError`` unless it is an integer >= 1."""
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"p must be an integer >= 1, got {p!r}")
-    return p
+    return check_int("p", p)
 
 
 def poly_kernel(q: torch.Tensor, k: torch.Tensor, p: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ from arbench.approx.kernels import check_p, monomial_count, poly_kernel
 from arbench.approx.methods import method_builders
 from arbench.approx.metrics import rel_frobenius, rmae
 from arbench.approx.qkset import QKSet
+from arbench.checks import check_int
 from arbench.registry import MethodConfig
 
 if TYPE_CHECKING:
@@ -120,11 +121,9 @@ def check_settings(config: StudyConfig) -> None:
         raise ValueError("no degree p given")
     for p in config.ps:
         check_p(p)
-    if isinstance(config.m, bool) or not isinstance(config.m, int) or config.m < 1:
-        raise ValueError(f"m must be an integer >= 1, got {config.m!r}")
+    check_int("m", config.m)
     for t in config.ranks:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise ValueError(f"every LLoPS rank t must be an integer >= 1, got {t!r}")
+        check_int("every LLoPS rank t", t)
     unknown = [x for x in config.methods if x not in METHOD_KEYS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {list(METHOD_KEYS)}")

@@ -11,7 +11,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from arbench.data.mqar import check_positive_int, validate_mqar_args
+from arbench.checks import check_int
+from arbench.data.mqar import validate_mqar_args
 from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
 
 
@@ -75,7 +76,7 @@ class MQARDataModule(L.LightningDataModule):
         test_segments = test_segments or [Segment(64, 4, 1_000)]
         for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
                             ("eval_batch_size", eval_batch_size)):
-            check_positive_int(f"data.{name}", value)
+            check_int(f"data.{name}", value)
         _as_segments("train_segments", train_segments, vocab_size, power_a)
         _as_segments("test_segments", test_segments, vocab_size, power_a)
         self.vocab_size = vocab_size

@@ -18,13 +18,9 @@ import math
 
 import torch
 
+from arbench.checks import check_int
+
 IGNORE_INDEX = -100
-
-
-def check_positive_int(name: str, value: int) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (bools rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def validate_mqar_args(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size: int,
@@ -32,7 +28,7 @@ def validate_mqar_args(num_examples: int, seq_len: int, num_kv_pairs: int, vocab
     """Raise ``ValueError`` naming the argument and its limit for an impossible setting."""
     for name, value in (("num_examples", num_examples), ("seq_len", seq_len),
                         ("num_kv_pairs", num_kv_pairs), ("vocab_size", vocab_size)):
-        check_positive_int(name, value)
+        check_int(name, value)
     if seq_len % 2:
         raise ValueError(f"seq_len must be even (key/value slots come in pairs), got {seq_len}")
     if 4 * num_kv_pairs > seq_len:

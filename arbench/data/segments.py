@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from arbench.checks import check_int
 from arbench.data.mqar import generate_mqar
 
 
@@ -63,8 +64,7 @@ class SegmentBatches(Dataset):
     """
 
     def __init__(self, data: list[SegmentData], batch_size: int, shuffle_seed: int | None = None):
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        check_int("batch_size", batch_size)
         self.data = data
         self.batches: list[tuple[int, torch.Tensor]] = []
         gen = torch.Generator().manual_seed(shuffle_seed) if shuffle_seed is not None else None

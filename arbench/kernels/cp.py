@@ -20,6 +20,7 @@ from contextvars import ContextVar
 
 import torch
 
+from arbench.checks import check_int
 from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, kernel_dtype
 
 DEFAULT_BLOCK_ROWS = 512
@@ -30,8 +31,7 @@ _BLOCK_ROWS: ContextVar[int] = ContextVar("cp_block_rows", default=DEFAULT_BLOCK
 def cp_block_rows(rows: int) -> Iterator[None]:
     """Run the blocked maps with blocks of ``rows`` rows (0: one block) inside the block.
     ``python -m arbench.bench`` tunes this value (``--cp-block-rows``)."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise ValueError(f"cp block rows must be an integer >= 0, got {rows!r}")
+    check_int("cp block rows", rows, minimum=0)
     token = _BLOCK_ROWS.set(rows)
     try:
         yield

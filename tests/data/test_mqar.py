@@ -65,9 +65,9 @@ def test_sample_distinct_uniform():
     (dict(seq_len=63, num_kv_pairs=4), "seq_len must be even"),
     (dict(seq_len=30, num_kv_pairs=8), r"too short .* 4\*num_kv_pairs=32"),
     (dict(seq_len=64, num_kv_pairs=8, vocab_size=16), "exceeds the 7 distinct keys"),
-    (dict(seq_len=64, num_kv_pairs=0), "num_kv_pairs must be a positive integer"),
-    (dict(num_examples=0), "num_examples must be a positive integer"),
-    (dict(vocab_size=-5), "vocab_size must be a positive integer"),
+    (dict(seq_len=64, num_kv_pairs=0), "num_kv_pairs must be an integer >= 1"),
+    (dict(num_examples=0), "num_examples must be an integer >= 1"),
+    (dict(vocab_size=-5), "vocab_size must be an integer >= 1"),
     (dict(power_a=0.0), "power_a must be a finite number > 0"),
     (dict(power_a=-1.0), "power_a"),
 ])
