@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from arbench.curves import collapse_step, is_converged
+from arbench.files import atomic_write
 from arbench.machine import device_name
 
 
@@ -37,11 +37,8 @@ def chance_loss(pl_module: L.LightningModule) -> float | None:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    """Write ``payload`` as JSON to ``path``, whole or not at all (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True)))
 
 
 class RunSummary(Callback):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from arbench.files import atomic_write
 from sweeps.retry import without_rungs
 from sweeps.storage import StorageError
 from sweeps.worker import is_lock_study
@@ -128,13 +128,14 @@ def save(storage: Any, path: Path) -> dict[str, int]:
     names = [n for n in optuna.get_all_study_names(storage) if not is_lock_study(n)]
     for name in names:
         kept[name] = study_records(storage, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for name in sorted(kept):
-            for record in kept[name]:
-                f.write(json.dumps(record, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w") as f:
+            for name in sorted(kept):
+                for record in kept[name]:
+                    f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    atomic_write(path, write)
     return {name: len(kept[name]) - 1 for name in names}
 
 

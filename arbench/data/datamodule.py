@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import lightning as L
@@ -14,6 +13,7 @@ from torch.utils.data import DataLoader, Sampler
 from arbench.checks import check_int
 from arbench.data.mqar import validate_mqar_args
 from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
+from arbench.files import atomic_write
 
 
 class ShardSampler(Sampler[int]):
@@ -105,10 +105,8 @@ class MQARDataModule(L.LightningDataModule):
         data = generate_segments(segments, self.vocab_size, self.seed, split, self.power_a,
                                  self.random_non_queries)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save([(d.inputs, d.labels) for d in data], tmp)
-            os.replace(tmp, path)  # atomic: a crash never leaves a half-written cache file
+            # whole or not at all: a crash never leaves a half-written cache file
+            atomic_write(path, lambda tmp: torch.save([(d.inputs, d.labels) for d in data], tmp))
         return data
 
     def setup(self, stage: str | None = None) -> None:
