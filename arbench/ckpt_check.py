@@ -30,20 +30,29 @@ def last_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def saved_hparams(path: str) -> dict[str, Any]:
-    """The model hyperparameters saved in the checkpoint at ``path``; one-line errors for a
-    missing or unreadable file."""
+def read_checkpoint(path: str, option: str, error: type[Exception] = CliError,
+                    missing: str = "{option} {path}: no such file") -> dict[str, Any]:
+    """The Lightning checkpoint at ``path`` (tensors only, on the CPU), given as ``option``;
+    raises ``error`` with one line for a missing file (``missing``, formatted with ``option``
+    and ``path``), one torch cannot read, or one without a ``state_dict``."""
     if not Path(path).is_file():
-        raise CliError(f"--ckpt_path {path}: no such file")
+        raise error(missing.format(option=option, path=path))
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds for a truncated or foreign file
         text = str(err).strip().split(". ")[0].splitlines()
         reason = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-        raise CliError(f"--ckpt_path {path} is not a readable checkpoint (truncated, or not "
-                       f"written by torch.save: {reason})") from None
+        raise error(f"{option} {path} is not a readable checkpoint (truncated, or not "
+                    f"written by torch.save: {reason})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CliError(f"--ckpt_path {path} is not a Lightning checkpoint (no state_dict)")
+        raise error(f"{option} {path} is not a Lightning checkpoint (no state_dict)")
+    return ckpt
+
+
+def saved_hparams(path: str) -> dict[str, Any]:
+    """The model hyperparameters saved in the checkpoint at ``path``; one-line errors for a
+    missing or unreadable file."""
+    ckpt = read_checkpoint(path, "--ckpt_path")
     hparams = dict(ckpt.get("hyper_parameters") or {})
     hparams.pop("_instantiator", None)
     return hparams

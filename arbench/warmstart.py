@@ -8,11 +8,10 @@ optimiser is not copied: training continues with a fresh one.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from arbench.ckpt_check import read_checkpoint
 from arbench.featuremaps import Based, LLoPS
 
 BASED_WEIGHT = "proj.weight"
@@ -25,14 +24,8 @@ class WarmStartError(ValueError):
 def checkpoint_weights(path: str) -> dict[str, torch.Tensor]:
     """The recall model's weights in a LitRecall checkpoint (keys without the ``model.``
     prefix)."""
-    if not os.path.isfile(path):
-        raise WarmStartError(f"init_from: no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        state = ckpt["state_dict"]
-    except Exception as err:  # a corrupt or foreign file: say which, in one line
-        raise WarmStartError(f"init_from: {path} is not a readable checkpoint "
-                             f"({type(err).__name__})") from None
+    state = read_checkpoint(path, "init_from:", WarmStartError,
+                            missing="{option} no checkpoint at {path}")["state_dict"]
     return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
