@@ -63,12 +63,24 @@ def replaced_curve(study: optuna.Study, trial: FrozenTrial) -> dict[int, float]:
     return curve
 
 
-def checkpoint_step(path: str | Path) -> int:
-    """The ``global_step`` a Lightning checkpoint was saved at."""
+def read_lightning_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint's dict, memory-mapped (tensors are read only when touched)."""
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    return int(state["global_step"])
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The ``global_step`` a Lightning checkpoint was saved at."""
+    return int(read_lightning_checkpoint(path)["global_step"])
+
+
+def checkpoint_run_time(path: str | Path) -> float:
+    """Seconds the checkpoint's run had trained when it was saved: the ``wall_time_s`` of its
+    ``RunSummary`` callback state (``arbench/summary.py``), summed over the run's earlier
+    resumes; 0 for a checkpoint without one."""
+    callbacks = read_lightning_checkpoint(path).get("callbacks", {})
+    return float(callbacks.get("RunSummary", {}).get("wall_time_s", 0.0))
 
 
 def replay_curve(trial: optuna.Trial, up_to_step: int) -> None:

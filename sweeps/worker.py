@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise, quiet_resume_warning
 from sweeps.refs import resolve_refs
-from sweeps.retry import checkpoint_step, replay_curve, without_rungs
+from sweeps.retry import checkpoint_run_time, checkpoint_step, replay_curve, without_rungs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
@@ -395,7 +395,15 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     if ckpt:
         quiet_resume_warning()
     t0 = time.time()
+    earlier_s = 0.0  # a resumed run's training time before its checkpoint
+
+    def spent() -> float:
+        """The run's wall time in seconds: this attempt's, plus what it resumes from."""
+        return earlier_s + time.time() - t0
+
     try:
+        if ckpt:
+            earlier_s = checkpoint_run_time(ckpt)
         resolved = resolve_refs(params, storage)  # best:<study> values -> checkpoints
         cli = build_cli(trial_args(spec, resolved, str(save_dir), name), run=False)
         trainer = cli.trainer
@@ -413,9 +421,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
         summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
     except optuna.TrialPruned:
-        record_pruned(trial, storage, Path(trainer.log_dir), time.time() - t0)
+        record_pruned(trial, storage, Path(trainer.log_dir), spent())
         study.tell(trial, state=TrialState.PRUNED)
-        log(f"trial {trial.number} {name}: pruned after {time.time() - t0:.0f} s")
+        log(f"trial {trial.number} {name}: pruned after {spent():.0f} s")
         return
     except Exception as err:
         trial.set_user_attr("fail_reason", one_line(err))
@@ -430,13 +438,13 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     trial.set_user_attr("val_acc", summary["val_acc"])
     trial.set_user_attr("state_size", summary["hparams"].get("state_size"))
     trial.set_user_attr("params", summary["hparams"].get("params"))
-    trial.set_user_attr("wall_time_s", time.time() - t0)
+    trial.set_user_attr("wall_time_s", spent())
     if value is None:
         trial.set_user_attr("fail_reason", f"no {spec.metric} was logged")
         study.tell(trial, state=TrialState.FAIL)
         return
     study.tell(trial, value)
-    log(f"trial {trial.number} {name}: {spec.metric} {value:.4f} in {time.time() - t0:.0f} s")
+    log(f"trial {trial.number} {name}: {spec.metric} {value:.4f} in {spent():.0f} s")
 
 
 def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,

@@ -119,15 +119,26 @@ def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
 def test_a_resumed_point_does_not_warn_that_its_checkpoint_folder_is_used(tmp_path):
     """A point whose run folder holds a last.ckpt resumes from it, without Lightning's
     "Checkpoint directory … exists and is not empty" (the folder is its own, by design). With
-    a pruner on, the resume reads its checkpoint's step to replay the curve before it."""
+    a pruner on, the resume reads its checkpoint's step to replay the curve before it. The
+    trial's wall time counts the run's training before the resume (the checkpoint's)."""
+    import torch
+
     spec = write_spec(tmp_path, "again", {"model.feature_map.init_args.p": [2]},
                       pruner={"type": "halving", "min_resource": 3})
     for db in ("first", "second"):  # the second database finds the first's run folder
         out = sweep("run", str(spec), "--storage", f"sqlite:///{tmp_path / db}.sqlite",
                     "--threads", "1", cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
+        if db == "first":  # as if the run had trained 1000 s before the stop
+            [last] = (tmp_path / "runs").rglob("last.ckpt")
+            state = torch.load(last, map_location="cpu", weights_only=False)
+            state["callbacks"]["RunSummary"]["wall_time_s"] = 1000.0
+            torch.save(state, last)
     assert "(resuming last.ckpt)" in out.stdout
     assert "exists and is not empty" not in out.stderr
+    [trial] = optuna.load_study(study_name="again",
+                                storage=f"sqlite:///{tmp_path / 'second'}.sqlite").trials
+    assert 1000.0 < trial.user_attrs["wall_time_s"] < 1300.0
 
 
 def run_two_workers(tmp_path: Path, url: str, study: str) -> None:
