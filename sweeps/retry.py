@@ -63,24 +63,17 @@ def replaced_curve(study: optuna.Study, trial: FrozenTrial) -> dict[int, float]:
     return curve
 
 
-def read_lightning_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A Lightning checkpoint's dict, memory-mapped (tensors are read only when touched)."""
-    import torch
+def checkpoint_progress(path: str | Path) -> tuple[int, float]:
+    """How far a Lightning checkpoint's run had got when it was saved: its ``global_step``, and
+    the seconds it had trained (the ``wall_time_s`` of its ``RunSummary`` callback state,
+    ``arbench/summary.py``, summed over the run's earlier resumes; 0 without one). Read with
+    :func:`arbench.ckpt_check.read_checkpoint` (one-line errors for a missing or bad file)."""
+    from arbench.ckpt_check import read_checkpoint
+    from arbench.summary import RunSummary
 
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-
-
-def checkpoint_step(path: str | Path) -> int:
-    """The ``global_step`` a Lightning checkpoint was saved at."""
-    return int(read_lightning_checkpoint(path)["global_step"])
-
-
-def checkpoint_run_time(path: str | Path) -> float:
-    """Seconds the checkpoint's run had trained when it was saved: the ``wall_time_s`` of its
-    ``RunSummary`` callback state (``arbench/summary.py``), summed over the run's earlier
-    resumes; 0 for a checkpoint without one."""
-    callbacks = read_lightning_checkpoint(path).get("callbacks", {})
-    return float(callbacks.get("RunSummary", {}).get("wall_time_s", 0.0))
+    state = read_checkpoint(str(path), "resume from")
+    summary = state.get("callbacks", {}).get(RunSummary.__qualname__, {})  # Lightning's key
+    return int(state["global_step"]), float(summary.get("wall_time_s", 0.0))
 
 
 def replay_curve(trial: optuna.Trial, up_to_step: int) -> None:

@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise, quiet_resume_warning
 from sweeps.refs import resolve_refs
-from sweeps.retry import checkpoint_run_time, checkpoint_step, replay_curve, without_rungs
+from sweeps.retry import checkpoint_progress, replay_curve, without_rungs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
@@ -403,7 +403,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
 
     try:
         if ckpt:
-            earlier_s = checkpoint_run_time(ckpt)
+            resumed_step, earlier_s = checkpoint_progress(ckpt)
         resolved = resolve_refs(params, storage)  # best:<study> values -> checkpoints
         cli = build_cli(trial_args(spec, resolved, str(save_dir), name), run=False)
         trainer = cli.trainer
@@ -413,7 +413,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
 
             trainer.callbacks.append(StepPruningCallback(trial, monitor=spec.metric))
             if ckpt:  # the rungs the run passed before it stopped, judged again
-                replay_curve(trial, checkpoint_step(ckpt))
+                replay_curve(trial, resumed_step)
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
         config_text = cli.parser.dump(cli.config, skip_none=False)
         (Path(trainer.log_dir) / "config.yaml").write_text(config_text)

@@ -11,13 +11,7 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 
 from sweeps.pruning import BracketPruner
-from sweeps.retry import (
-    checkpoint_run_time,
-    checkpoint_step,
-    replaced_curve,
-    replaced_trials,
-    replay_curve,
-)
+from sweeps.retry import checkpoint_progress, replaced_curve, replaced_trials, replay_curve
 from sweeps.storage import open_storage
 from sweeps.worker import claim_waiting, requeue
 
@@ -143,17 +137,13 @@ def test_a_failed_trials_rung_value_does_not_compete(tmp_path):
     assert not run.should_prune()
 
 
-def test_checkpoint_step_reads_the_global_step(tmp_path):
-    torch.save({"global_step": 1250, "state_dict": {"w": torch.zeros(2)}}, tmp_path / "last.ckpt")
-    assert checkpoint_step(tmp_path / "last.ckpt") == 1250
-
-
-def test_checkpoint_run_time_reads_the_run_summarys_wall_time(tmp_path):
-    torch.save({"global_step": 5, "callbacks": {"RunSummary": {"wall_time_s": 412.5}}},
-               tmp_path / "a.ckpt")
-    torch.save({"global_step": 5}, tmp_path / "b.ckpt")
-    assert checkpoint_run_time(tmp_path / "a.ckpt") == 412.5
-    assert checkpoint_run_time(tmp_path / "b.ckpt") == 0.0
+def test_checkpoint_progress_reads_the_global_step_and_the_run_summarys_wall_time(tmp_path):
+    weights = {"w": torch.zeros(2)}
+    torch.save({"global_step": 1250, "state_dict": weights,
+                "callbacks": {"RunSummary": {"wall_time_s": 412.5}}}, tmp_path / "a.ckpt")
+    torch.save({"global_step": 5, "state_dict": weights}, tmp_path / "b.ckpt")
+    assert checkpoint_progress(tmp_path / "a.ckpt") == (1250, 412.5)
+    assert checkpoint_progress(tmp_path / "b.ckpt") == (5, 0.0)
 
 
 def test_a_retry_of_retries_replays_the_curve_of_every_run_before_it(tmp_path):
