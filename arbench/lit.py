@@ -1,5 +1,6 @@
-"""LightningModule around the recall model: answer-position loss, micro accuracy per slice,
-AdamW with cosine decay, a divergence guard, and TensorBoard hyperparameters.
+"""LightningModule around the recall model: answer-position loss, accuracy per answer token
+and per example (overall and per slice), AdamW with cosine decay, a divergence guard, and
+TensorBoard hyperparameters.
 """
 
 from __future__ import annotations
@@ -15,9 +16,26 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from arbench.featuremaps import FeatureMap
+from arbench.metrics import example_accuracy
 from arbench.model import RecallModel
 from arbench.optim import make_adamw
+from arbench.schedule import LR_SCHEDULES, lr_factor
 from arbench.warmstart import warm_start
+
+WEIGHT_DECAY_SCOPES = ("matrices", "all")
+"""``weight_decay_scope`` choices: decay matrices only, or every parameter (zoology)."""
+
+RECIPE_DEFAULTS = {"embedding_dropout": 0.0, "betas": (0.9, 0.98),
+                   "weight_decay_scope": "matrices", "lr_schedule": "cosine"}
+"""The training-recipe switches and their defaults (``configs/recipes/zoology.yaml`` sets
+zoology's: 0.1, (0.9, 0.999), ``all``, ``zoology``; data order: ``data.shuffle``)."""
+
+
+def recipe_hparams(hparams: dict) -> dict[str, float | str]:
+    """The recipe switches of ``hparams`` as flat hparams (``betas`` as ``"0.9,0.98"``)."""
+    out = {k: hparams.get(k, v) for k, v in RECIPE_DEFAULTS.items()}
+    out["betas"] = ",".join(f"{b:g}" for b in out["betas"])
+    return out
 
 
 class DivergenceError(RuntimeError):
@@ -32,11 +50,20 @@ class LitRecall(L.LightningModule):
     Batches are ``(inputs (b, n), labels (b, n), slice_index ())`` from
     :class:`~arbench.data.segments.SegmentBatches`.
 
-    Optimiser: AdamW (``lr``, ``weight_decay`` on matrices only, ``feature_map_weight_decay``
-    on the feature maps' parameters when given (0: none; decay on LLoPS's Θ shrinks a product of
-    p factors like scale^p); the fused kernel on CPU and
-    CUDA, :func:`arbench.optim.make_adamw`, except fp16 with clipping), linear warm-up for
-    ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at the last training step.
+    Optimiser: AdamW (``lr``, ``betas``, ``weight_decay`` on matrices only or, with
+    ``weight_decay_scope="all"``, on every parameter (norms and biases too, as zoology does),
+    ``feature_map_weight_decay`` on the feature maps' parameters when given (0: none; decay on
+    LLoPS's Θ shrinks a product of p factors like scale^p); the fused kernel on CPU and
+    CUDA, :func:`arbench.optim.make_adamw`, except fp16 with clipping). ``lr_schedule``
+    (:mod:`arbench.schedule`): ``"cosine"``, linear warm-up for ``warmup_steps``, then cosine
+    decay to ``min_lr_ratio * lr`` at the last training step; or ``"zoology"``, cosine over
+    epochs stepped once per epoch, no warm-up (``warmup_steps`` and ``min_lr_ratio`` unused).
+    ``embedding_dropout``: dropout on the embedding's output while training (zoology: 0.1).
+
+    Metrics: ``val/acc`` is the mean over answer tokens (each slice weighs by its answers);
+    ``val/example_acc`` is zoology's, the mean over examples of each example's accuracy (equal
+    slices weigh the same); both also per slice (``val/acc_<slice>``,
+    ``val/example_acc_<slice>``), and ``test/…`` alike.
 
     ``compile=True`` runs the model body (embedding, blocks, final norm) through
     ``torch.compile``: a one-off compile, then one graph per shape (how it compared with eager
@@ -63,7 +90,9 @@ class LitRecall(L.LightningModule):
                  compile: bool = False, seed: int | None = None, init_from: str | None = None,
                  init_spare_std: float = 0.0, feature_map_weight_decay: float | None = None,
                  qk_norm: bool = False, qk_dim: int | None = None, attention_eps: float = 1e-6,
-                 block: str = "prenorm", init_std: float | None = None):
+                 block: str = "prenorm", init_std: float | None = None,
+                 embedding_dropout: float = 0.0, betas: tuple[float, float] = (0.9, 0.98),
+                 weight_decay_scope: str = "matrices", lr_schedule: str = "cosine"):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -72,6 +101,15 @@ class LitRecall(L.LightningModule):
             raise ValueError("model.weight_decay, model.feature_map_weight_decay and "
                              "model.warmup_steps must be >= 0 and "
                              "model.min_lr_ratio in [0, 1]")
+        if weight_decay_scope not in WEIGHT_DECAY_SCOPES:
+            raise ValueError(f"model.weight_decay_scope must be one of {WEIGHT_DECAY_SCOPES}, "
+                             f"got {weight_decay_scope!r}")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, "
+                             f"got {lr_schedule!r}")
+        betas = tuple(betas)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"model.betas must be two numbers in [0, 1), got {list(betas)!r}")
         self.save_hyperparameters(logger=False)
         mixers = list(mixers) if mixers is not None else ["conv", "linear"]
         self.model = RecallModel(
@@ -80,11 +118,13 @@ class LitRecall(L.LightningModule):
             output_norm=output_norm, chunk_size=chunk_size, attention_mode=attention_mode,
             conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings,
             qk_norm=qk_norm, qk_dim=qk_dim, attention_eps=attention_eps, block=block,
-            init_std=init_std)
+            init_std=init_std, embedding_dropout=embedding_dropout)
         if compile:
             self.model.compile_body()
         self.val_acc = MeanMetric()
+        self.example_acc = MeanMetric()
         self.slice_acc = torch.nn.ModuleList()
+        self.slice_example_acc = torch.nn.ModuleList()
         self.slice_names: list[str] = []
         self._tokens_seen = 0
         self._t_last: float | None = None
@@ -102,6 +142,7 @@ class LitRecall(L.LightningModule):
         if names and names != self.slice_names:
             self.slice_names = names
             self.slice_acc = torch.nn.ModuleList(MeanMetric() for _ in names)
+            self.slice_example_acc = torch.nn.ModuleList(MeanMetric() for _ in names)
 
     def hparams_for_logging(self) -> dict[str, float | int | str | bool]:
         """Flat hyperparameters for the TensorBoard HParams tab and sweep records."""
@@ -119,6 +160,10 @@ class LitRecall(L.LightningModule):
         fm_decay = self.hparams.feature_map_weight_decay
         hp["feature_map_weight_decay"] = self.hparams.weight_decay if fm_decay is None \
             else fm_decay
+        hp.update(recipe_hparams(self.hparams))
+        trainer = getattr(self, "_trainer", None)
+        hp["precision"] = str(trainer.precision) if trainer is not None else "32-true"
+        hp["shuffle"] = bool(getattr(getattr(trainer, "datamodule", None), "shuffle", True))
         return hp
 
     def state_size(self) -> int:
@@ -129,7 +174,8 @@ class LitRecall(L.LightningModule):
 
     def on_fit_start(self) -> None:
         hp = self.hparams_for_logging()
-        metrics = {"val/acc": 0.0, **{f"val/acc_{n}": 0.0 for n in self.slice_names}}
+        metrics = {"val/acc": 0.0, "val/example_acc": 0.0,
+                   **{f"val/acc_{n}": 0.0 for n in self.slice_names}}
         for logger in self.loggers:
             logger.log_hyperparams(hp, metrics=metrics)
             logger.log_metrics({"model/params": float(hp["params"]),
@@ -167,27 +213,33 @@ class LitRecall(L.LightningModule):
     # ---- evaluation ------------------------------------------------------------------------
     def _eval_step(self, batch: tuple[torch.Tensor, ...], prefix: str) -> None:
         inputs, labels, slice_index = batch
-        logits, targets, _ = self.model.answer_logits(inputs, labels)
+        logits, targets, rows = self.model.answer_logits(inputs, labels)
         correct = (logits.argmax(dim=-1) == targets).float()
+        per_example = example_accuracy(correct, rows, inputs.shape[0])
         self.log(f"{prefix}/loss", F.cross_entropy(logits.float(), targets),
                  batch_size=max(1, targets.numel()), sync_dist=True)
         self.val_acc.update(correct)
+        self.example_acc.update(per_example)
         if self.slice_acc:
             self.slice_acc[int(slice_index)].update(correct)
+            self.slice_example_acc[int(slice_index)].update(per_example)
 
     def _eval_epoch_end(self, prefix: str) -> None:
-        acc = self.val_acc.compute()
-        if not torch.isfinite(acc):
-            acc = torch.zeros(())
-        self.log(f"{prefix}/acc", acc, prog_bar=True)
-        self.val_acc.reset()
-        for name, metric in zip(self.slice_names, self.slice_acc):
-            with warnings.catch_warnings():  # a slice may have no batch (sanity check): NaN
-                warnings.filterwarnings("ignore", message=".*compute.*before the ``update``")
-                value = metric.compute()  # every rank computes every slice: the sync is collective
-            if torch.isfinite(value):
-                self.log(f"{prefix}/acc_{name}", value)
-            metric.reset()
+        for metric_name, total, per_slice in (("acc", self.val_acc, self.slice_acc),
+                                              ("example_acc", self.example_acc,
+                                               self.slice_example_acc)):
+            acc = total.compute()
+            if not torch.isfinite(acc):
+                acc = torch.zeros(())
+            self.log(f"{prefix}/{metric_name}", acc, prog_bar=metric_name == "acc")
+            total.reset()
+            for name, metric in zip(self.slice_names, per_slice):
+                with warnings.catch_warnings():  # a slice may have no batch (sanity check): NaN
+                    warnings.filterwarnings("ignore", message=".*compute.*before the ``update``")
+                    value = metric.compute()  # every rank computes every slice: collective sync
+                if torch.isfinite(value):
+                    self.log(f"{prefix}/{metric_name}_{name}", value)
+                metric.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -202,6 +254,15 @@ class LitRecall(L.LightningModule):
         self._eval_epoch_end("test")
 
     # ---- optimisation ----------------------------------------------------------------------
+    def _steps_per_epoch(self, total: int) -> int:
+        """Optimiser steps in one epoch of this rank's training loader. Read when the schedule
+        is evaluated: the trainer knows the loader's length only once the fit loop has set it
+        up (``total``, all the run's steps, until then: the factor at step 0 needs none)."""
+        batches = self.trainer.num_training_batches
+        if not math.isfinite(batches):
+            return total
+        return max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
+
     def configure_optimizers(self):
         fm_decay = self.hparams.feature_map_weight_decay
         fm_ids = set()
@@ -210,8 +271,8 @@ class LitRecall(L.LightningModule):
                       for p in m.parameters()}
         fm_params = [p for p in self.parameters() if id(p) in fm_ids and p.requires_grad]
         rest = [p for p in self.parameters() if id(p) not in fm_ids and p.requires_grad]
-        decay = [p for p in rest if p.dim() >= 2]
-        no_decay = [p for p in rest if p.dim() < 2]
+        decay = [p for p in rest if p.dim() >= 2 or self.hparams.weight_decay_scope == "all"]
+        no_decay = [p for p in rest if p.dim() < 2 and self.hparams.weight_decay_scope != "all"]
         # fp16 loss scaling with a fused optimizer leaves no room for Lightning's clipping
         clipping = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision) in (
             "16-mixed", "16", "16-true")
@@ -219,16 +280,11 @@ class LitRecall(L.LightningModule):
                   {"params": no_decay, "weight_decay": 0.0}]
         if fm_params:
             groups.append({"params": fm_params, "weight_decay": fm_decay})
-        opt = make_adamw(groups,
-                         allow_fused=not clipping, lr=self.hparams.lr, betas=(0.9, 0.98))
+        opt = make_adamw(groups, allow_fused=not clipping, lr=self.hparams.lr,
+                         betas=tuple(self.hparams.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warm, floor = self.hparams.warmup_steps, self.hparams.min_lr_ratio
-
-        def schedule(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            progress = min(1.0, (step - warm) / max(1, total - warm))
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        hp = self.hparams
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
+            hp.lr_schedule, step, total, warmup_steps=hp.warmup_steps,
+            min_lr_ratio=hp.min_lr_ratio, steps_per_epoch=self._steps_per_epoch(total)))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

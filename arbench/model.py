@@ -87,7 +87,8 @@ def normal_init(model: nn.Module, std: float) -> None:
 
 
 class RecallModel(nn.Module):
-    """Token embedding → ``n_layers`` blocks → final LayerNorm → LM head (tied by default)."""
+    """Token embedding (→ dropout when ``embedding_dropout`` > 0, training only) →
+    ``n_layers`` blocks → final LayerNorm → LM head (tied by default)."""
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
                  mixers: list[str] | tuple[str, ...] = ("conv", "linear"), num_heads: int = 1,
@@ -96,7 +97,7 @@ class RecallModel(nn.Module):
                  attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
                  tie_embeddings: bool = True, qk_norm: bool = False, qk_dim: int | None = None,
                  attention_eps: float = 1e-6, block: str = "prenorm",
-                 init_std: float | None = None):
+                 init_std: float | None = None, embedding_dropout: float = 0.0):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
@@ -107,6 +108,9 @@ class RecallModel(nn.Module):
             raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
         if init_std is not None and not (isinstance(init_std, (int, float)) and init_std > 0):
             raise ValueError(f"init_std must be a positive number or null, got {init_std!r}")
+        if not (isinstance(embedding_dropout, (int, float)) and 0 <= embedding_dropout < 1):
+            raise ValueError(f"embedding_dropout must be a number in [0, 1), "
+                             f"got {embedding_dropout!r}")
         if not (isinstance(attention_eps, (int, float)) and attention_eps > 0):
             raise ValueError(f"attention_eps must be a positive number, got {attention_eps!r}")
         mixers = list(mixers)
@@ -131,6 +135,8 @@ class RecallModel(nn.Module):
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
+        # zoology's embedding dropout (training only); none by default, so no RNG is drawn
+        self.embed_dropout = nn.Dropout(embedding_dropout) if embedding_dropout > 0 else None
         self.block = block
         block_cls = ZoologyBlock if block == "zoology" else Block
         self.blocks = nn.ModuleList(block_cls(build(n), d_model, use_mlp)
@@ -145,6 +151,8 @@ class RecallModel(nn.Module):
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final normalised hidden states ``(b, n, d_model)`` of ``input_ids`` ``(b, n)``."""
         x = self.embed(input_ids)
+        if self.embed_dropout is not None:
+            x = self.embed_dropout(x)
         if self.block == "zoology":
             residual = None
             for block in self.blocks:

@@ -6,7 +6,9 @@ stops on an exception or Ctrl-C. So ``best_checkpoint`` and ``last_checkpoint`` 
 exist, not the ones of the validation before.
 
 The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
-objective), per-slice accuracies at the best validation, step, wall time, state size, parameter
+objective), per-slice accuracies at the best validation, the same for zoology's per-example
+accuracy ``val/example_acc`` (its own best validation, ``example_*`` keys), step, wall time,
+state size, parameter
 count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
 The best and last validations and the wall time so far travel in the checkpoint, so a run resumed
 after a kill reports over all its validations, including those before the kill. So do the
@@ -29,6 +31,25 @@ from arbench.curves import collapse_step, is_converged
 from arbench.files import atomic_write
 from arbench.machine import device_name
 
+EXAMPLE_ACC = "val/example_acc"
+"""zoology's metric (:mod:`arbench.metrics`), logged beside ``val/acc``."""
+
+
+def summary_value(summary: dict, metric: str) -> float | None:
+    """The value of ``metric`` that a ``summary.json`` payload holds: ``val/acc`` (the best),
+    ``val/example_acc`` (its best), or a slice's, ``val/acc_<slice>`` /
+    ``val/example_acc_<slice>`` (at the validation that was best on the overall metric);
+    None when the run did not log it."""
+    if metric == "val/acc":
+        return summary.get("val_acc")
+    if metric == EXAMPLE_ACC:
+        return summary.get("example_acc")
+    if metric.startswith(EXAMPLE_ACC + "_"):
+        return (summary.get("example_slices") or {}).get(metric[len(EXAMPLE_ACC) + 1:])
+    if metric.startswith("val/acc_"):
+        return (summary.get("slices") or {}).get(metric[len("val/acc_"):])
+    return None
+
 
 def chance_loss(pl_module: L.LightningModule) -> float | None:
     """ln vocab (nats): the cross-entropy of a uniform guess; None when there is no vocab."""
@@ -48,6 +69,7 @@ class RunSummary(Callback):
         self.filename = filename
         self.best: dict[str, float] = {}
         self.last: dict[str, float] = {}
+        self.best_example: dict[str, float] = {}  # the validation with the best example_acc
         self.start = time.time()
         self.earlier_s = 0.0  # wall time of the runs this one resumes, in seconds
         self.val_curve: list[tuple[int, float]] = []  # (step, val/acc)
@@ -63,12 +85,14 @@ class RunSummary(Callback):
         return self.earlier_s + time.time() - self.start
 
     def state_dict(self) -> dict:
-        return {"best": dict(self.best), "last": dict(self.last), "wall_time_s": self.wall_time_s(),
+        return {"best": dict(self.best), "last": dict(self.last),
+                "best_example": dict(self.best_example), "wall_time_s": self.wall_time_s(),
                 "val_curve": list(self.val_curve), "loss_curve": list(self.loss_curve)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.best = dict(state_dict.get("best", {}))
         self.last = dict(state_dict.get("last", {}))
+        self.best_example = dict(state_dict.get("best_example", {}))
         self.earlier_s = float(state_dict.get("wall_time_s", 0.0))
         self.val_curve = [tuple(p) for p in state_dict.get("val_curve", [])]
         self.loss_curve = [tuple(p) for p in state_dict.get("loss_curve", [])]
@@ -89,7 +113,7 @@ class RunSummary(Callback):
         if trainer.sanity_checking:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
-                   if k.startswith("val/acc")}
+                   if k.startswith(("val/acc", EXAMPLE_ACC))}
         if "val/acc" not in metrics:
             return
         metrics["step"] = float(trainer.global_step)
@@ -97,6 +121,9 @@ class RunSummary(Callback):
         self.last = metrics
         if not self.best or metrics["val/acc"] > self.best["val/acc"]:
             self.best = metrics
+        if EXAMPLE_ACC in metrics and (not self.best_example or
+                                       metrics[EXAMPLE_ACC] > self.best_example[EXAMPLE_ACC]):
+            self.best_example = metrics
         if trainer.state.fn == TrainerFn.FITTING:
             self.pending = True  # the checkpoint callbacks have not saved yet
         else:
@@ -131,6 +158,11 @@ class RunSummary(Callback):
             "best_step": self.best.get("step"),
             "slices": {k[len("val/acc_"):]: v for k, v in self.best.items()
                        if k.startswith("val/acc_")},
+            "example_acc": self.best_example.get(EXAMPLE_ACC),
+            "last_example_acc": self.last.get(EXAMPLE_ACC),
+            "example_best_step": self.best_example.get("step"),
+            "example_slices": {k[len(EXAMPLE_ACC) + 1:]: v for k, v in self.best_example.items()
+                               if k.startswith(EXAMPLE_ACC + "_")},
             "global_step": trainer.global_step,
             # the strategy's device: by on_fit_end Lightning's teardown has moved the module to the CPU
             "device": device_name(trainer.strategy.root_device),

@@ -162,6 +162,8 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
         for t in trials:
             for name, acc in (t.user_attrs.get("slices") or {}).items():
                 slices[name].append(acc)
+        examples = [t.user_attrs["example_acc"] for t in trials
+                    if t.user_attrs.get("example_acc") is not None]
         verdicts = [t.user_attrs.get("converged") for t in trials]
         known = [bool(v) for v in verdicts if v is not None]
         lrs = sorted(by_lr)
@@ -182,6 +184,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                             for t in trials},
             "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
+            "example_acc": examples,
             "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
                                for t in ts),
@@ -204,7 +207,41 @@ def label(hp: dict[str, Any]) -> str:
         text += f" t={hp['rank']}" if fm == "LLoPS" else ""
     norm = hp.get("normalize")
     text += f" denominator={norm}" if norm not in (None, "none") else ""
-    return text + variant(hp)
+    return text + variant(hp) + training_label(hp)
+
+
+TRAINING_DEFAULTS = {"embedding_dropout": 0.0, "betas": "0.9,0.98",
+                     "weight_decay_scope": "matrices", "lr_schedule": "cosine", "shuffle": True,
+                     "precision": "32-true"}
+"""How a run trained when its hparams do not say (runs recorded before these were hparams)."""
+
+ZOOLOGY_RECIPE = {"embedding_dropout": 0.1, "betas": "0.9,0.999", "weight_decay_scope": "all",
+                  "lr_schedule": "zoology", "shuffle": False}
+"""The hparams of ``configs/recipes/zoology.yaml``."""
+
+
+def training_label(hp: dict[str, Any]) -> str:
+    """How a row's runs were trained where it is not arbench's default, e.g.
+    ``" zoology recipe bf16-mixed"``: the recipe switches (all of zoology's as one name), then
+    the precision. Runs recorded before these were hparams count as the defaults."""
+    hp = {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
+    parts = []
+    if all(hp[k] == v for k, v in ZOOLOGY_RECIPE.items()):
+        parts.append("zoology recipe")
+    else:
+        if hp["embedding_dropout"]:
+            parts.append(f"emb-dropout {hp['embedding_dropout']:g}")
+        if hp["betas"] != TRAINING_DEFAULTS["betas"]:
+            parts.append(f"betas {hp['betas']}")
+        if hp["weight_decay_scope"] != "matrices":
+            parts.append("wd on all params")
+        if hp["lr_schedule"] != "cosine":
+            parts.append(f"{hp['lr_schedule']} schedule")
+        if not hp["shuffle"]:
+            parts.append("unshuffled")
+    if hp["precision"] not in ("32-true", "32"):
+        parts.append(str(hp["precision"]))
+    return "".join(f" {p}" for p in parts)
 
 
 def variant(hp: dict[str, Any]) -> str:
@@ -236,18 +273,23 @@ def variant_name(hp: dict[str, Any]) -> str:
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
     slice_names = sorted({k for r in table for k in r["slices"]},
                          key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
+    with_examples = any(r.get("example_acc") for r in table)  # runs since zoology's metric
     header = ["method", "d_model", "state size", "best lr (of n_lrs)", "acc % (mean ± std, n)",
+              *(["example acc %"] if with_examples else []),
               "paper %", "converged", "flags", *slice_names, "train time s (all runs)"]
     md = [f"# {spec.study} ({spec.profile} profile)", "",
-          f"Objective {spec.metric}: the best validation of each run (micro accuracy over answer "
-          "positions), mean ± sample std over seeds at the point's best learning rate. "
+          f"Objective {spec.metric}: the best validation of each run "
+          f"({METRIC_TEXT.get(spec.metric, 'accuracy on one slice')}), "
+          "mean ± sample std over seeds at the point's best learning rate. "
           "Per-slice columns are means at that lr. Paper values: SPEC.md §4 (their protocol, "
           "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
           "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
           "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
           "start after halving), runs at the best lr that had not converged, runs there "
           "stopped by the pruner (counted with the best they had reached), a best lr at the "
-          "edge of the lrs tried. One row per run: runs.csv.", "",
+          "edge of the lrs tried. One row per run: runs.csv." + (
+              " *example acc*: zoology's metric (mean over examples of each example's accuracy, "
+              "each run's best), mean ± std at the same lr." if with_examples else ""), "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     devices = sorted({d for r in table for d in r["devices"]})
     if devices:
@@ -260,7 +302,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         paper = "" if r["paper"] is None else f"{r['paper']:.1f}"
         cells = [label(hp), hp.get("d_model"), hp.get("state_size"),
                  f"{r['best_lr']:g} ({r['n_lrs']})",
-                 f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})", paper,
+                 f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})",
+                 *([mean_std_text(r["example_acc"])] if with_examples else []), paper,
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
                  f"{r['wall_time_s']:.0f}"]
@@ -268,6 +311,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
             "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
+            **({"example_acc_mean": statistics.fmean(r["example_acc"]) if r["example_acc"]
+                else None} if with_examples else {}),
             "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
             "pruned": r["pruned"], "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
             **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
@@ -283,6 +328,19 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         writer.writeheader()
         writer.writerows(csv_rows)
     return [md_path, csv_path]
+
+
+METRIC_TEXT = {"val/acc": "micro accuracy over answer positions",
+               "val/example_acc": "zoology's metric: the mean over examples of each "
+                                  "example's accuracy"}
+
+
+def mean_std_text(values: list[float]) -> str:
+    """``"mean ± std (n)"`` in percent; ``"–"`` for no values."""
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f} ({len(values)})"
 
 
 def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -381,6 +439,9 @@ def run_rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                     "steps": ua.get("global_step"), "converged": ua.get("converged"),
                     "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
                     "fail_reason": ua.get("fail_reason"), "reused_from": ua.get("reused_from")})
+        if any("example_acc" in tr.user_attrs for tr in trials):  # runs since zoology's metric
+            out[-1].update(example_acc=ua.get("example_acc"),
+                           last_example_acc=ua.get("last_example_acc"))
     return out
 
 
@@ -402,6 +463,7 @@ def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
     if key == "variant":
         name = variant_name(hp)
         return name in want if isinstance(want, list) else name == want
+    hp = {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
     names = key.split("*")
     if any(hp.get(n) is None for n in names):
         return False

@@ -12,7 +12,7 @@ A spec::
       seed: [0, 1, 2]                  # = seed_everything
       "rank,m": [[1, 256], [2, 128]]   # = model.feature_map.init_args.rank, ...m
     lr: [1.0e-3, 3.0e-3]               # learning-rate sub-grid of every point (model.lr)
-    objective: {metric: val/acc, direction: maximize}
+    objective: {metric: val/acc, direction: maximize}   # or val/example_acc (zoology's)
     sampler: grid                      # grid | tpe | random (then n_trials)
     pruner: none                       # none | median | halving | threshold, or a mapping
                                        # {type: median, n_startup_trials: 2} (Optuna kwargs)
@@ -30,7 +30,8 @@ A spec::
       - {x: state_size, series: mixers, marker_by: method}   # unjoined points, a shape per method
 
 Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_model``, ``lr``
-(``model.lr``) and ``seed`` (``seed_everything``) stand for their full keys, which the study
+(``model.lr``), ``seed`` (``seed_everything``) and ``precision`` (``trainer.precision``, e.g.
+``[32-true, bf16-mixed]``) stand for their full keys, which the study
 records. A grid key ``config`` takes config file paths (a method per value), or lists of paths that
 compose (a method and an overlay). Keys joined by commas vary together (zipped), for budgets
 such as a fixed m·t. A value ``best:<study>`` stands for the last checkpoint of that finished
@@ -54,7 +55,7 @@ ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sa
            "claims", "reuse"}
 ALIASES = {"p": "model.feature_map.init_args.p", "m": "model.feature_map.init_args.m",
            "rank": "model.feature_map.init_args.rank", "d_model": "model.d_model",
-           "lr": "model.lr", "seed": "seed_everything"}
+           "lr": "model.lr", "seed": "seed_everything", "precision": "trainer.precision"}
 """Short grid keys and the main.py keys they stand for."""
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "median", "halving", "threshold")
@@ -266,6 +267,10 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                                            and x > 0 for x in lr):
         raise SpecError("lr must be a list of positive numbers")
     objective = merged.get("objective") or {}
+    metric = objective.get("metric", "val/acc")
+    if not (isinstance(metric, str) and metric.startswith(("val/acc", "val/example_acc"))):
+        raise SpecError("objective.metric must be val/acc, val/example_acc (zoology's, per "
+                        f"example) or one of their per-slice forms, got {metric!r}")
     direction = objective.get("direction", "maximize")
     if direction not in ("maximize", "minimize"):
         raise SpecError(f"objective.direction must be maximize or minimize, got {direction!r}")
@@ -288,7 +293,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     return SweepSpec(path=path, study=merged["study"],
                      configs=[_resolve(c) for c in merged.get("configs") or []],
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
-                     metric=objective.get("metric", "val/acc"), direction=direction,
+                     metric=metric, direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
                      args=[str(a) for a in args], storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),

@@ -375,7 +375,8 @@ def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
     summary = log_dir / "summary.json"
     if summary.is_file():
         saved = json.loads(summary.read_text())
-        for key in ("hparams", "slices", "device", "collapsed_at"):
+        for key in ("hparams", "slices", "device", "collapsed_at", "example_acc",
+                    "example_slices"):
             trial.set_user_attr(key, saved.get(key))
 
 
@@ -384,6 +385,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     """Train one point in-process and record its result (or its failure) on the trial."""
     from arbench.ckpt_check import last_checkpoint
     from arbench.cli import build_cli, checkpoints_by_run_name
+    from arbench.summary import summary_value
 
     params = point_params(trial, spec, storage)
     name = trial_name(params)
@@ -430,10 +432,10 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         study.tell(trial, state=TrialState.FAIL)
         log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")
         return
-    value = summary["val_acc"] if spec.metric == "val/acc" else \
-        summary["slices"].get(spec.metric.removeprefix("val/acc_"))
+    value = summary_value(summary, spec.metric)
     for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
-                "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device"):
+                "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device",
+                "example_acc", "last_example_acc", "example_slices"):
         trial.set_user_attr(key, summary.get(key))
     trial.set_user_attr("val_acc", summary["val_acc"])
     trial.set_user_attr("state_size", summary["hparams"].get("state_size"))

@@ -63,6 +63,11 @@ def _as_segments(name: str, segments: list[Segment], vocab_size: int, power_a: f
 class MQARDataModule(L.LightningDataModule):
     """Train mixture and test slices (also used for validation), generated once per seed.
 
+    ``shuffle``: the training order. True (default): batches of every segment in one seeded
+    shuffled order per epoch, each segment's examples shuffled once. False (zoology's): no
+    shuffling; every epoch is every batch of the first segment in generation order, then the
+    second, and so on.
+
     ``cache_dir`` (optional) stores generated tensors on disk keyed by a hash of every
     generator argument, so later runs with the same data skip generation.
     """
@@ -70,7 +75,8 @@ class MQARDataModule(L.LightningDataModule):
     def __init__(self, vocab_size: int = 8192, train_segments: list[Segment] | None = None,
                  test_segments: list[Segment] | None = None, batch_size: int = 64,
                  eval_batch_size: int = 256, seed: int = 0, power_a: float = 0.01,
-                 random_non_queries: bool = True, cache_dir: str | None = None):
+                 random_non_queries: bool = True, cache_dir: str | None = None,
+                 shuffle: bool = True):
         super().__init__()
         train_segments = train_segments or [Segment(64, 4, 10_000)]
         test_segments = test_segments or [Segment(64, 4, 1_000)]
@@ -84,6 +90,9 @@ class MQARDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.seed, self.power_a, self.random_non_queries = int(seed), power_a, random_non_queries
         self.cache_dir = cache_dir
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"data.shuffle must be true or false, got {shuffle!r}")
+        self.shuffle = shuffle
         self._train: SegmentBatches | None = None
         self._test: SegmentBatches | None = None
 
@@ -115,7 +124,8 @@ class MQARDataModule(L.LightningDataModule):
                                         self.eval_batch_size)
         if stage in (None, "fit") and self._train is None:
             self._train = SegmentBatches(self._generate(self.train_segments, "train"),
-                                         self.batch_size, shuffle_seed=self.seed)
+                                         self.batch_size,
+                                         shuffle_seed=self.seed if self.shuffle else None)
 
     def _world(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -125,7 +135,8 @@ class MQARDataModule(L.LightningDataModule):
 
     def _loader(self, ds: SegmentBatches, train: bool) -> DataLoader:
         rank, world = self._world()
-        sampler = ShardSampler(len(ds), rank, world, shuffle=train, seed=self.seed, pad=train)
+        sampler = ShardSampler(len(ds), rank, world, shuffle=train and self.shuffle,
+                               seed=self.seed, pad=train)
         return DataLoader(ds, batch_size=None, sampler=sampler)
 
     def train_dataloader(self) -> DataLoader:
