@@ -371,3 +371,128 @@ class Identity(FeatureMap):
 
     def hparams(self) -> dict[str, float | int | str | bool]:
         return {"feature_map": "Identity", "m": self.feature_dim}
+
+
+# ---- fixed maps of BASED's Figure 3 (zoology's feature maps), for the state-size frontier ----
+
+class ReLU(FeatureMap):
+    """φ(x) = max(x, eps) (a ReLU floored at ``eps`` = 1e-12, as zoology's, so a denominator
+    never divides by 0); ``feature_dim = head_dim``, no parameters."""
+
+    def __init__(self, head_dim: int, eps: float = 1e-12):
+        super().__init__()
+        self.head_dim = check_int("head_dim", head_dim)
+        self.feature_dim = head_dim
+        self.eps = float(eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).clamp(min=self.eps)
+
+    def flops_per_token(self) -> float:
+        """The floor: ``d`` comparisons."""
+        return float(self.head_dim)
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "ReLU", "m": self.feature_dim}
+
+
+class Square(FeatureMap):
+    """φ(x) = x ⊙ x elementwise (zoology's ``Square``); ``feature_dim = head_dim``, no
+    parameters. Not a kernel of q·k: φ(q)·φ(k) = Σ_i q_i² k_i²."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = check_int("head_dim", head_dim)
+        self.feature_dim = head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+    def flops_per_token(self) -> float:
+        return float(self.head_dim)
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "Square", "m": self.feature_dim}
+
+
+class CosFormer(FeatureMap):
+    """cosFormer's map (Qin et al. 2022, as zoology applies it): for ``x`` ``(..., n, d)``
+    with positions i = 1 … n on the second-to-last axis, φ(x)_i = [relu(x_i) sin(π i / 2n),
+    relu(x_i) cos(π i / 2n)], so φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j) cos(π (i − j) / 2n): a
+    decay with distance set by the length n of the sequence being processed.
+    ``feature_dim = 2·head_dim``, no parameters."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = check_int("head_dim", head_dim)
+        self.feature_dim = 2 * head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-2]
+        angle = torch.arange(1, n + 1, device=x.device, dtype=torch.float32) * (math.pi / (2 * n))
+        r = torch.relu(x)
+        return torch.cat([r * angle.sin().to(x.dtype).unsqueeze(-1),
+                          r * angle.cos().to(x.dtype).unsqueeze(-1)], dim=-1)
+
+    def flops_per_token(self) -> float:
+        """The two scalings ``2·d`` (the ReLU is a comparison, not counted)."""
+        return 2.0 * self.head_dim
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "CosFormer", "m": self.feature_dim}
+
+
+def orthogonal_gaussian(m: int, d: int, generator: torch.Generator,
+                        unbiased: bool = False) -> torch.Tensor:
+    """``(m, d)``: stacked ``d × d`` blocks of orthonormal rows (Q of the QR of a Gaussian
+    matrix, its columns' signs set by R's diagonal so that the rows are uniformly distributed;
+    the last block cut to the rows left). ``unbiased=False``: the whole divided by
+    √(m / d), as zoology's Performer does (every row of norm √(d / m)). ``unbiased=True``: each
+    row scaled to the norm of an independent Gaussian d-vector, so every row is marginally
+    N(0, I_d) (FAVOR+'s orthogonal random features)."""
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        q, r = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))
+        blocks.append((q * r.diagonal().sign()).T)  # signs fixed: Haar-distributed rows
+    rows = torch.cat(blocks)[:m]
+    if unbiased:
+        norms = torch.randn(m, d, generator=generator, dtype=torch.float64).norm(dim=1)
+        return (rows * norms.unsqueeze(1)).float()
+    return (rows / math.sqrt(m / d)).float()
+
+
+class Performer(FeatureMap):
+    """Performer's positive random features (FAVOR+, Choromanski et al. 2021): with
+    x' = x / d^{1/4} and a fixed ``(m, d)`` matrix W of orthogonal rows (drawn from ``seed``, not
+    trained), φ(x) = exp(−|x'|² / 2) · exp(x' Wᵀ) / √m. ``feature_dim = m`` (zoology's default
+    256).
+
+    ``unbiased=False`` (default, zoology's Performer, the one in BASED's Figure 3): W's rows have
+    norm √(d / m) (:func:`orthogonal_gaussian`), so x' Wᵀ is small and the features are close
+    to a constant times exp(−|x'|² / 2): they do not estimate the softmax kernel.
+    ``unbiased=True``: W's rows are marginally N(0, I_d), and φ(q)·φ(k) is an unbiased estimate of
+    exp(q·k / √d)."""
+
+    def __init__(self, head_dim: int, m: int = 256, seed: int = 0, unbiased: bool = False):
+        super().__init__()
+        self.head_dim = check_int("head_dim", head_dim)
+        self.m = check_int("m", m)
+        self.seed = int(seed)
+        self.unbiased = bool(unbiased)
+        self.feature_dim = m
+        gen = torch.Generator().manual_seed(self.seed)
+        self.register_buffer("random_features",
+                             orthogonal_gaussian(m, head_dim, gen, unbiased=self.unbiased))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.head_dim ** -0.25
+        scale = torch.exp(-0.5 * (x * x).sum(dim=-1, keepdim=True)) / math.sqrt(self.m)
+        return scale * torch.exp(x @ self.random_features.to(x.dtype).T)
+
+    def flops_per_token(self) -> float:
+        """Scaling ``d``, the norm ``2·d``, the projection ``2·d·m``, the exponential and
+        the scaling ``2·m``."""
+        return 3.0 * self.head_dim + 2.0 * self.head_dim * self.m + 2.0 * self.m
+
+    def hparams(self) -> dict[str, float | int | str | bool]:
+        return {"feature_map": "Performer", "m": self.m, "unbiased": self.unbiased}

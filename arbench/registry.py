@@ -18,7 +18,19 @@ from typing import Any
 import yaml
 from torch import nn
 
-from arbench.featuremaps import Based, EluPlusOne, FeatureMap, Flatten, Identity, LLoPS, PolySketch
+from arbench.featuremaps import (
+    Based,
+    CosFormer,
+    EluPlusOne,
+    FeatureMap,
+    Flatten,
+    Identity,
+    LLoPS,
+    Performer,
+    PolySketch,
+    ReLU,
+    Square,
+)
 from arbench.mixers import (
     BaseConv,
     DeltaAttention,
@@ -32,7 +44,8 @@ from arbench.mixers import (
 
 FEATURE_MAPS: Mapping[str, type[FeatureMap]] = MappingProxyType({
     "llops": LLoPS, "based": Based, "flatten": Flatten, "polysketch": PolySketch,
-    "elu": EluPlusOne, "identity": Identity})
+    "elu": EluPlusOne, "identity": Identity, "relu": ReLU, "square": Square,
+    "cosformer": CosFormer, "performer": Performer})
 """Short name → feature-map class (the names bench and approx use for the shipped maps)."""
 
 MIXERS: Mapping[str, type[nn.Module]] = MappingProxyType({
