@@ -24,6 +24,10 @@ def _compiled() -> Callable[..., torch.Tensor]:
     :mod:`arbench.featuremaps` imports this package)."""
     from arbench.featuremaps import cp_product as reference
 
+    # every graph of the product shares one code object: p ∈ {2, 4, 6} × fp32/bf16 × grad or
+    # not × LLoPS/PolySketch weights in one benchmark exceeds dynamo's default of 8 graphs
+    # (past it, calls silently run eagerly)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(reference, dynamic=True)
 
 

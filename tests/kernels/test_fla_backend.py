@@ -257,16 +257,19 @@ def _gpu_skip() -> str:
 
 needs_fla_gpu = pytest.mark.skipif(bool(_gpu_skip()), reason=_gpu_skip() or "runs")
 
-TOLERANCES = {torch.bfloat16: {"fwd": 2e-2, "grad": 5e-2},
+TOLERANCES = {torch.bfloat16: {"fwd": 2e-2, "grad": 4e-2},
               torch.float16: {"fwd": 5e-3, "grad": 1e-2}}
-"""Max |fla − reference| / max |reference| allowed, per compute dtype, forward and each input's
-gradient. Both sides see the same 16-bit inputs; the reference computes in fp32 (or float64),
-fla keeps 16-bit operands and states between its kernels."""
+"""Relative RMS error ‖fla − reference‖₂ / ‖reference‖₂ allowed per compute dtype, for the
+output and for each input's gradient (fla's own tests compare its kernels by this measure).
+Both sides see the same 16-bit inputs; the reference computes in fp32 (the model in float64),
+fla keeps 16-bit operands and per-chunk states between its kernels: about 2^-8 relative for
+bf16, 2^-11 for fp16, grown by the sums over a few hundred tokens."""
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative RMS error of ``got`` against ``want`` (computed in float64)."""
     want = want.double()
-    return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 GPU_CASES = [(form, dtype) for form in FORMS for dtype in TOLERANCES]
