@@ -3,15 +3,17 @@ seconds (8 minutes) on one modern GPU, everything under ``results/gpu/<device>/`
 
 1. ``tests``: the CUDA tests (fla backend against arbench's references, the compiled CP
    product), ``tests.log`` and ``tests.xml`` (JUnit);
-2. ``bench_claim``: ``python -m arbench.bench --device cuda`` for LLoPS p = 2 / 4 / 6, BASED and
-   softmax (SDPA) at n = 1k … 16k, forward and forward+backward, fp32 and bf16 (``_bf16``
-   twins, which the fla backend computes), with peak memory: ``bench/claim/``;
-3. ``bench_rest``: the same for Flatten, PolySketch and the gated / delta / gated delta
-   updates on LLoPS p = 2's maps: ``bench/rest/``;
-4. ``fit``: the ``paper`` profile for BASED and LLoPS p = 4 at lr 1e-3 in bf16-mixed, side by
+2. ``bench_fp32``: ``python -m arbench.bench --device cuda`` for LLoPS p = 2 / 4 / 6, BASED and
+   softmax (SDPA) at n = 1k … 16k, forward and forward+backward, fp32, with peak memory:
+   ``bench/fp32/`` (no fla involved, so a failing fla cannot take these numbers with it);
+3. ``bench_bf16``: the same methods again with their bf16 twins (``_bf16``: bf16 autocast, the
+   attention through fla): ``bench/bf16/``;
+4. ``bench_rest``: Flatten, PolySketch and the gated / delta / gated delta updates on LLoPS
+   p = 2's maps, fp32 and bf16: ``bench/rest/``;
+5. ``fit``: the ``paper`` profile for BASED and LLoPS p = 4 at lr 1e-3 in bf16-mixed, side by
    side, each stopped after :data:`FIT_TRAIN_TIME` of training: ``fit/<name>.log`` and the
    runs in ``fit/<name>/`` (checkpoints deleted);
-5. ``device.json`` (device, versions, each step's command, status and wall time; rewritten
+6. ``device.json`` (device, versions, each step's command, status and wall time; rewritten
    after every step, so a killed check keeps what ran) and ``summary.md``
    (:mod:`arbench.bench.device_report`).
 
@@ -44,7 +46,7 @@ from arbench.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET_S = 480
-STEP_LIMITS_S = {"tests": 90, "bench_claim": 150, "bench_rest": 110, "fit": 100}
+STEP_LIMITS_S = {"tests": 80, "bench_fp32": 60, "bench_bf16": 140, "bench_rest": 90, "fit": 90}
 """Wall-clock limit of each step (s); their sum stays under :data:`BUDGET_S` with room for
 the device query and the summary."""
 FIT_TRAIN_TIME = "00:00:01:00"
@@ -80,12 +82,13 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
-def bench_argv(python: str, out: Path, methods: tuple[str, ...]) -> tuple[str, ...]:
-    """``arbench.bench`` on CUDA for ``methods`` and their bf16 twins, n = 1k … 16k, memory on,
-    softmax's backward at every n, no training-step measurement (the fit step trains)."""
+def bench_argv(python: str, out: Path, methods: tuple[str, ...], bf16: bool) -> tuple[str, ...]:
+    """``arbench.bench`` on CUDA for ``methods`` (and their bf16 twins when ``bf16``),
+    n = 1k … 16k, memory on, softmax's backward at every n, no training-step measurement (the
+    fit step trains)."""
     return (python, "-m", "arbench.bench", "--device", "cuda", "--methods", *methods,
             "--seq-lens", *SEQ_LENS, "--softmax-bwd-max-n", "0", "--repeats", "3",
-            "--min-sample-s", "0.02", "--no-train", "--out", str(out), "--bf16")
+            "--min-sample-s", "0.02", "--no-train", "--out", str(out), *(["--bf16"] if bf16 else []))
 
 
 def fit_argv(python: str, config: str, save_dir: Path) -> tuple[str, ...]:
@@ -99,15 +102,17 @@ def fit_argv(python: str, config: str, save_dir: Path) -> tuple[str, ...]:
 
 def plan(out: Path, python: str = sys.executable) -> list[Step]:
     """The steps of the check, writing under ``out``."""
-    tests = (python, "-m", "pytest", "-q", "-rs", *CUDA_TESTS, "-k", "cuda",
+    tests = (python, "-m", "pytest", "-v", "-rs", *CUDA_TESTS, "-k", "cuda",
              f"--junitxml={out / 'tests.xml'}")
     fits = tuple(Command(fit_argv(python, cfg, out / "fit"), f"fit/{name}.log")
                  for name, cfg in FIT_CONFIGS.items())
-    return [Step("tests", (Command(tests, "tests.log"),), STEP_LIMITS_S["tests"]),
-            Step("bench_claim", (Command(bench_argv(python, out / "bench" / "claim", CLAIM_METHODS),
-                                         "bench/claim.log"),), STEP_LIMITS_S["bench_claim"]),
-            Step("bench_rest", (Command(bench_argv(python, out / "bench" / "rest", REST_METHODS),
-                                        "bench/rest.log"),), STEP_LIMITS_S["bench_rest"]),
+    benches = [Step(f"bench_{name}", (Command(bench_argv(python, out / "bench" / name, methods,
+                                                        bf16), f"bench/{name}.log"),),
+                    STEP_LIMITS_S[f"bench_{name}"])
+               for name, methods, bf16 in (("fp32", CLAIM_METHODS, False),
+                                           ("bf16", CLAIM_METHODS, True),
+                                           ("rest", REST_METHODS, True))]
+    return [Step("tests", (Command(tests, "tests.log"),), STEP_LIMITS_S["tests"]), *benches,
             Step("fit", fits, STEP_LIMITS_S["fit"])]
 
 

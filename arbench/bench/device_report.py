@@ -36,15 +36,19 @@ def junit_counts(path: Path) -> dict[str, int] | None:
 
 
 def bench_rows(out: Path) -> list[dict]:
-    """Every layer row of the bench runs under ``out/bench`` (eager layers only)."""
-    rows = []
+    """Every layer row of the bench runs under ``out/bench`` (eager layers only); a (method,
+    n, pass) measured by two runs (the fp32 layers of ``fp32/`` and ``bf16/``) is taken from
+    the first run in name order."""
+    rows: dict[tuple, dict] = {}
     for path in sorted((out / "bench").glob("*/bench.json")):
         try:
             result = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        rows += [r for r in result["rows"] if not r.get("compiled")]
-    return rows
+        for r in result["rows"]:
+            if not r.get("compiled"):
+                rows.setdefault((r["method"], r["n"], r["pass"]), r)
+    return list(rows.values())
 
 
 def rows_of(rows: list[dict], dtype: str) -> list[dict]:
@@ -168,7 +172,7 @@ def summary_markdown(out: Path, record: dict) -> str:
                   for f in fits]
     else:
         lines.append("no run summary written")
-    lines += ["", "Full tables: `bench/claim/bench.md`, `bench/rest/bench.md` (memory included)."]
+    lines += ["", "Full tables, peak memory included: `bench/<run>/bench.md`."]
     return "\n".join(lines) + "\n"
 
 

@@ -57,10 +57,12 @@ def test_dry_run_checks_every_step(dry_run):
     record = json.loads((out / "device.json").read_text())
     assert record["dry_run"] and record["device"].startswith("dry-run")
     steps = {s["name"]: s for s in record["steps"]}
-    assert list(steps) == ["tests", "bench_claim", "bench_rest", "fit"]
+    assert list(steps) == ["tests", "bench_fp32", "bench_bf16", "bench_rest", "fit"]
     assert all(s["status"] == "ok" for s in steps.values()), steps
-    for name, methods in (("bench_claim", CLAIM_METHODS), ("bench_rest", REST_METHODS)):
-        want = [*methods, *(f"{m}_bf16" for m in methods)]
+    for name, methods, bf16 in (("bench_fp32", CLAIM_METHODS, False),
+                                ("bench_bf16", CLAIM_METHODS, True),
+                                ("bench_rest", REST_METHODS, True)):
+        want = [*methods, *(f"{m}_bf16" for m in methods if bf16)]
         assert sorted(steps[name]["methods"]) == sorted(want)
         argv = steps[name]["would_run"][0]["argv"]
         assert argv[argv.index("--device") + 1] == "cuda"
@@ -74,7 +76,7 @@ def test_dry_run_checks_every_step(dry_run):
         assert f"save_dir: {out / 'fit'}" in config
     assert (out / "bench").is_dir()
     summary = (out / "summary.md").read_text()
-    assert "**Dry run**" in summary and "| bench_claim | ok |" in summary
+    assert "**Dry run**" in summary and "| bench_bf16 | ok |" in summary
 
 
 def test_without_cuda_the_check_stops_in_one_line(capsys):
@@ -112,7 +114,7 @@ def test_run_step_kills_at_the_limit_and_reports_failures(tmp_path):
 def cpu_bench(tmp_path_factory):
     """A real (smoke, CPU) bench run in the check's layout, fp32 and bf16 twins."""
     out = tmp_path_factory.mktemp("check")
-    cfg = smoke_config(out_dir=str(out / "bench" / "claim"), device="cpu", memory=False,
+    cfg = smoke_config(out_dir=str(out / "bench" / "bf16"), device="cpu", memory=False,
                        train=False, methods=("llops_p2_t1", "llops_p4_t1", "based_r4",
                                              "softmax"), bf16=("all",))
     return out, cfg, run_benchmark(cfg, log=lambda msg: None)
@@ -122,6 +124,10 @@ def test_summary_reports_the_claim_from_bench_json(cpu_bench):
     out, cfg, result = cpu_bench
     rows = bench_rows(out)
     assert len(rows) == len(result["rows"])
+    twice = out / "bench" / "fp32"  # a second run measuring the same rows: each counted once
+    twice.mkdir(exist_ok=True)
+    (twice / "bench.json").write_text((out / "bench" / "bf16" / "bench.json").read_text())
+    assert bench_rows(out) == rows
     assert {r["backend"] for r in rows} == {"arbench", "sdpa"}  # on a CPU nothing goes to fla
     for m in method_list(cfg):
         assert attention_backend(m, cfg) == ("sdpa" if m.family == "softmax" else "arbench")
