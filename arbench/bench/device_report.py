@@ -81,7 +81,9 @@ def claim_lines(rows: list[dict]) -> list[str]:
             continue
         ns = sorted({r["n"] for r in ratios})
         backends = {r["method"]: r.get("backend", "?") for r in sel}
-        lines += [f"{dtype} (time ratio; < 1: LLoPS faster; FLOP ratio in brackets):", "",
+        based = ratios[0]["based"]
+        lines += [f"{dtype} (time ratio to {based}, attention by {backends.get(based, '?')}; "
+                  "< 1: LLoPS faster; FLOP ratio in brackets):", "",
                   "| method | backend | " + " | ".join(f"n={n}" for n in ns) + " | claim |",
                   "|---|---|" + "---|" * (len(ns) + 1)]
         for method in dict.fromkeys(r["method"] for r in ratios):
