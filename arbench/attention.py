@@ -27,6 +27,11 @@ chunked CPU kernel takes bf16 operands under autocast (its intra-chunk products 
 states are bf16 matmuls) and keeps the running state, the output and the denominator in fp32.
 The gated forms (``log_decay``) are reference forms in this sense: they run in plain tensor ops,
 in fp32 (float64 for float64 inputs) with autocast off.
+
+On a GPU the chunked form (gated or not) runs fla's ``chunk_simple_gla`` where
+:func:`arbench.kernels.fla_backend.fla_dtype` says so (CUDA, fla installed, bf16/fp16 compute
+dtype: autocast's or the inputs'); its operands and output are in that dtype, the denominator
+is divided out in fp32 as here. ``chunk_size`` does not apply there (fla's chunk of 64).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch.nn.functional as F
 from arbench import kernels
 from arbench.decay import check_log_decay, decay_matrix, pad_rows
 from arbench.delta import delta_attention
+from arbench.kernels import fla_backend
 from arbench.precision import accumulator_dtype, kernel_dtype, use_cpu_kernels
 
 MODES = ("quadratic", "recurrent", "chunked")
@@ -183,16 +189,22 @@ def linear_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, *, mode:
     if log_decay is not None:
         check_log_decay(log_decay, f.shape[:-1])
     out_dtype, acc = v.dtype, accumulator_dtype(f, g, v)
-    # the CPU kernel takes bf16 operands under autocast; every other form computes in ``acc``
+    # the CPU kernel takes bf16 operands under autocast, fla (CUDA) bf16/fp16 ones; every other
+    # form computes in ``acc``
+    form = "linear" if log_decay is None else "gated"
+    fla = fla_backend.fla_dtype(form, f, g, v) if mode == "chunked" else None
     kernel = mode == "chunked" and log_decay is None and use_cpu_kernels(f)
-    dtype = kernel_dtype(f, g, v) if kernel else acc
+    dtype = fla or (kernel_dtype(f, g, v) if kernel else acc)
     f, g, v = f.to(dtype), g.to(dtype), v.to(dtype)
     if log_decay is not None:
         log_decay = log_decay.to(acc)
     if how != "none":
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     with torch.autocast(f.device.type, enabled=False):
-        out = _FORMS[mode](f, g, v, chunk_size, log_decay).to(acc)
+        if fla:
+            out = fla_backend.fla_linear(f, g, v, log_decay).to(acc)
+        else:
+            out = _FORMS[mode](f, g, v, chunk_size, log_decay).to(acc)
     if how != "none":
         out = out[..., :-1] / safe_denominator(out[..., -1:], eps, how)
     return out.to(out_dtype)

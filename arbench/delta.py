@@ -26,6 +26,10 @@ With ``T = (I + tril(diag(β)(Γ ⊙ GGᵀ), −1))⁻¹ diag(β)``, ``W = T dia
 ``diag(γ) F S + (tril(F Gᵀ) ⊙ Γ) U`` and the next state ``γ_c S + (diag(γ_c / γ) G)ᵀ U``. All
 decay factors are exponentials of non-positive numbers. Only this ``(m, dv)`` recursion loops
 over chunks; gradients come from autograd.
+
+On a GPU the chunked form runs fla's ``chunk_delta_rule`` / ``chunk_gated_delta_rule`` where
+:func:`arbench.kernels.fla_backend.fla_dtype` says so (CUDA, fla installed, bf16/fp16 compute
+dtype, at most 256 features), in that dtype, with fla's chunk of 64.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from arbench.decay import check_log_decay, decay_matrix, pad_rows
+from arbench.kernels import fla_backend
 from arbench.precision import accumulator_dtype
 
 DELTA_MODES = ("recurrent", "chunked")
@@ -135,6 +140,14 @@ def delta_attention(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: tor
     """
     _check(f, g, v, beta, log_decay, mode, chunk_size)
     out_dtype, acc = v.dtype, accumulator_dtype(f, g, v)
+    form = "delta" if log_decay is None else "gated_delta"
+    fla = fla_backend.fla_dtype(form, f, g, v) if mode == "chunked" else None
+    if fla:  # fla's kernels (CUDA, bf16/fp16), the decay in fp32
+        f, g, v, beta = f.to(fla), g.to(fla), v.to(fla), beta.to(fla)
+        with torch.autocast(f.device.type, enabled=False):
+            out = fla_backend.fla_delta(f, g, v, beta,
+                                        None if log_decay is None else log_decay.to(acc))
+        return out.to(out_dtype)
     f, g, v, beta = f.to(acc), g.to(acc), v.to(acc), beta.to(acc)
     if log_decay is not None:
         log_decay = log_decay.to(acc)

@@ -26,7 +26,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from arbench import kernels
 from arbench.checks import check_int
-from arbench.precision import cpu_kernels, use_cpu_kernels
+from arbench.kernels.compiled import compiled_cp_product
+from arbench.precision import cpu_kernels, use_cpu_kernels, use_cuda_kernels
 
 
 def sketch_std(head_dim: int, m: int, p: int, rank: int, temperature: float | None) -> float:
@@ -108,18 +109,21 @@ def taylor_features(xt: torch.Tensor, a: float, b: float) -> torch.Tensor:
     return torch.cat([torch.ones_like(xt[..., :1]), xt * a, second], dim=-1)
 
 
-# ---- where the kernels run: the CPU kernel on a CPU (precision.use_cpu_kernels), else the
-# reference ---------------------------------------------------------------------------------
+# ---- where the kernels run: the CPU kernel on a CPU (precision.use_cpu_kernels), the compiled
+# CP product on a GPU (precision.use_cuda_kernels), else the reference -------------------------
 
 def cp_polynomial(x: torch.Tensor, theta: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_r Π_j (x Θ_{j,r} + c_{j,r}) with ``theta`` of shape ``(rank, p, d, m)`` and ``bias``
     (the constants c, affine factors) of shape ``(rank, p, m)`` or None (c = 0): one matmul of x
     against all ``rank·p`` projections (:func:`cp_weights`), a product over p and a sum over
-    rank (:func:`cp_product`, or :func:`arbench.kernels.cp_product` on a CPU).
+    rank (:func:`cp_product`; :func:`arbench.kernels.cp_product` on a CPU,
+    :func:`arbench.kernels.compiled.compiled_cp_product` on a GPU).
     ``x``: ``(..., d)``; returns ``(..., m)``."""
     rank, p = theta.shape[:2]
     w, b = cp_weights(theta, bias)
+    if p > 1 and use_cuda_kernels(x):
+        return compiled_cp_product(x, w, p, rank, b)
     if p == 1 or not use_cpu_kernels(x):
         return cp_product(x, w, p, rank, b)
     return kernels.cp_product(x, w, p, rank, b)

@@ -27,17 +27,32 @@ import torch
 _CPU_KERNELS: ContextVar[bool] = ContextVar("cpu_kernels", default=True)
 
 
+def _fast_paths_on() -> bool:
+    """Not being traced by ``torch.compile`` and kernels not switched off by :func:`cpu_kernels`."""
+    return not torch.compiler.is_compiling() and _CPU_KERNELS.get()
+
+
 def use_cpu_kernels(x: torch.Tensor) -> bool:
     """The one rule for where the CPU kernels (:mod:`arbench.kernels`) run: a CPU tensor, not
     being traced by ``torch.compile``, kernels not switched off by :func:`cpu_kernels`.
-    Elsewhere (GPUs, compiled graphs) the plain reference forms run."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling() and _CPU_KERNELS.get()
+    Elsewhere (GPUs, compiled graphs) the plain reference forms run, or on a GPU the CUDA
+    paths of :func:`use_cuda_kernels`."""
+    return x.device.type == "cpu" and _fast_paths_on()
+
+
+def use_cuda_kernels(x: torch.Tensor) -> bool:
+    """The same rule on a GPU: a CUDA tensor, not being traced by ``torch.compile``, kernels not
+    switched off by :func:`cpu_kernels`. Where it holds, the CUDA paths may run: fla's Triton
+    kernels for the attention forms (:mod:`arbench.kernels.fla_backend`, which adds its own
+    dtype and width conditions) and the compiled CP product
+    (:mod:`arbench.kernels.compiled`)."""
+    return x.device.type == "cuda" and _fast_paths_on()
 
 
 @contextlib.contextmanager
 def cpu_kernels(enabled: bool) -> Iterator[None]:
-    """Inside the block, run the CPU kernels (``True``, the default) or the plain reference
-    forms everywhere (``False``)."""
+    """Inside the block, run the CPU kernels and the CUDA paths (``True``, the default) or the
+    plain reference forms everywhere (``False``)."""
     token = _CPU_KERNELS.set(bool(enabled))
     try:
         yield
@@ -50,9 +65,13 @@ CPU_AUTOCAST_DTYPE = torch.bfloat16
 
 
 def kernel_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """The dtype a CPU kernel computes in: :data:`CPU_AUTOCAST_DTYPE` under CPU autocast (what
-    its ``custom_fwd`` casts to), else the promoted dtype of ``tensors``."""
-    if torch.is_autocast_enabled("cpu"):
+    """The dtype a kernel computes in: for CPU tensors :data:`CPU_AUTOCAST_DTYPE` under CPU
+    autocast (what its ``custom_fwd`` casts to), for CUDA tensors autocast's dtype under CUDA
+    autocast; else the promoted dtype of ``tensors``."""
+    if tensors[0].device.type == "cuda":
+        if torch.is_autocast_enabled("cuda"):
+            return torch.get_autocast_dtype("cuda")
+    elif torch.is_autocast_enabled("cpu"):
         return CPU_AUTOCAST_DTYPE
     dtype = tensors[0].dtype
     for t in tensors[1:]:
@@ -92,4 +111,4 @@ def bf16_warning(precision: str | int | None, device: str) -> str | None:
 
 
 __all__ = ["CPU_AUTOCAST_DTYPE", "accumulator_dtype", "bf16_warning", "cpu_kernels",
-           "kernel_dtype", "native_bf16", "use_cpu_kernels"]
+           "kernel_dtype", "native_bf16", "use_cpu_kernels", "use_cuda_kernels"]

@@ -22,6 +22,7 @@ from arbench.bench.flops import (
     softmax_attention_flops,
 )
 from arbench.featuremaps import FeatureMap
+from arbench.kernels import fla_backend
 from arbench.registry import FEATURE_MAPS, FEATURE_MIXERS, MethodConfig, load_method_config
 
 PASSES = ("fwd", "fwd_bwd")
@@ -186,6 +187,18 @@ def build_layer(method: Method, cfg: BenchConfig, chunk_size: int) -> nn.Module:
             torch._dynamo.config.accumulated_recompile_limit, 4096)
         layer.forward = torch.compile(layer.forward, dynamic=False)
     return layer
+
+
+def attention_backend(method: Method, cfg: BenchConfig) -> str:
+    """Who computes the method's attention on ``cfg.device``: ``"sdpa"`` (softmax),
+    ``"fla <version>"`` (a chunked form sent to fla: CUDA, bf16 twin, fla installed) or
+    ``"arbench"`` (its own forms and CPU kernels; also every ``_compiled`` twin)."""
+    if not method.linear:
+        return "sdpa"
+    if method.compiled:
+        return "arbench"
+    dtype = torch.bfloat16 if method.bf16 else torch.float32
+    return fla_backend.backend_name(method.rule, cfg.device, dtype, method.m)
 
 
 def skip_reason(method: Method, cfg: BenchConfig, n: int, pass_: str) -> str:

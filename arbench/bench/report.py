@@ -112,6 +112,9 @@ def _header_section(result: dict) -> list[str]:
              f"(interleaved rounds); batch {cfg['batch']}, heads {cfg['heads']}, head dim "
              f"{cfg['head_dim']}, m {cfg['m']}, normalize `{cfg['normalize']}`",
              _load_line(meta),
+             *([f"- CUDA attention backend: {meta['fla']} (bf16/fp16 chunked forms; fp32: "
+                "arbench's forms; the `backend` column of bench.csv says per row)"]
+               if "fla" in meta else []),
              "- CPU allocator: " + ("glibc heap kept, no mmap per large tensor "
                                     "(`arbench.kernels.keep_heap`)" if meta.get("heap_kept")
                                     else "system defaults"),

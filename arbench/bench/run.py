@@ -17,6 +17,7 @@ from arbench.bench.config import BenchConfig, config_to_dict
 from arbench.bench.layers import (
     PASSES,
     Method,
+    attention_backend,
     build_layer,
     compiled_disagreement,
     forms_disagreement,
@@ -31,7 +32,7 @@ from arbench.bench.report import write_outputs
 from arbench.bench.targets import target_checks
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
-from arbench.kernels import cp_block_rows, keep_heap
+from arbench.kernels import cp_block_rows, fla_backend, keep_heap
 from arbench.machine import cpu_name
 from arbench.precision import native_bf16
 
@@ -198,7 +199,8 @@ def layer_rows(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: li
                 dtype = "bf16" if m.bf16 else "fp32"
                 row = {"method": m.name, "family": m.family, "p": m.p, "rank": m.rank,
                        "features": m.m, "rule": m.rule if m.linear else "softmax",
-                       "compiled": m.compiled, "bf16": m.bf16, "n": n,
+                       "compiled": m.compiled, "bf16": m.bf16,
+                       "backend": attention_backend(m, cfg), "n": n,
                        "pass": pass_, "chunk": layer.chunk_size if m.linear else 0,
                        "gflop": flops / 1e9,
                        **_timing_fields(cases.get(key), flops, peaks_gflops[dtype]),
@@ -226,6 +228,8 @@ def machine_info(device: str) -> dict:
             "cpu": cpu_name(), "python": platform.python_version()}
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+        ops = fla_backend.fla_ops()
+        info["fla"] = f"fla {ops.version}" if ops else fla_backend.unavailable_reason()
     return info
 
 

@@ -11,6 +11,15 @@ compares the two (value, gradient, the no-grad path, float64).
 | :func:`causal_conv` | :func:`arbench.mixers.causal_conv` |
 | :func:`keep_heap` (malloc setting) | glibc's defaults (``ARBENCH_MALLOC=system``) |
 
+CUDA paths, where :func:`arbench.precision.use_cuda_kernels` holds (the same rule on a CUDA
+tensor):
+
+- :func:`arbench.kernels.compiled.compiled_cp_product` (``torch.compile``) equals
+  :func:`arbench.featuremaps.cp_product`;
+- :mod:`arbench.kernels.fla_backend` (fla's Triton kernels, bf16/fp16, an optional install)
+  computes the chunked forms of :func:`arbench.attention.linear_attention` and
+  :func:`arbench.delta.delta_attention`.
+
 Where they run is decided by one rule, :func:`arbench.precision.use_cpu_kernels` (a CPU
 tensor, not being compiled, not switched off by :func:`arbench.precision.cpu_kernels`); the
 callers in featuremaps, attention and mixers take the reference form elsewhere.
