@@ -164,6 +164,8 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                 slices[name].append(acc)
         examples = [t.user_attrs["example_acc"] for t in trials
                     if t.user_attrs.get("example_acc") is not None]
+        tokens = [t.user_attrs["val_acc"] for t in trials
+                  if t.user_attrs.get("val_acc") is not None]
         verdicts = [t.user_attrs.get("converged") for t in trials]
         known = [bool(v) for v in verdicts if v is not None]
         lrs = sorted(by_lr)
@@ -184,7 +186,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                             for t in trials},
             "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
-            "example_acc": examples,
+            "example_acc": examples, "token_acc": tokens,
             "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
                                for t in ts),
@@ -274,8 +276,12 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
     slice_names = sorted({k for r in table for k in r["slices"]},
                          key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
     with_examples = any(r.get("example_acc") for r in table)  # runs since zoology's metric
+    # beside the objective, the other accuracy: per example (zoology's) or per answer token
+    by_example = spec.metric.startswith("val/example_acc")
+    other, other_name = ("token_acc", "token acc %") if by_example else \
+        ("example_acc", "example acc %")
     header = ["method", "d_model", "state size", "best lr (of n_lrs)", "acc % (mean ± std, n)",
-              *(["example acc %"] if with_examples else []),
+              *([other_name] if with_examples else []),
               "paper %", "converged", "flags", *slice_names, "train time s (all runs)"]
     md = [f"# {spec.study} ({spec.profile} profile)", "",
           f"Objective {spec.metric}: the best validation of each run "
@@ -288,8 +294,10 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           "start after halving), runs at the best lr that had not converged, runs there "
           "stopped by the pruner (counted with the best they had reached), a best lr at the "
           "edge of the lrs tried. One row per run: runs.csv." + (
-              " *example acc*: zoology's metric (mean over examples of each example's accuracy, "
-              "each run's best), mean ± std at the same lr." if with_examples else ""), "",
+              f" *{other_name.removesuffix(' %')}*: "
+              + ("val/acc (micro accuracy over answer positions" if by_example else
+                 "zoology's metric (mean over examples of each example's accuracy")
+              + ", each run's best), mean ± std at the same lr." if with_examples else ""), "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     devices = sorted({d for r in table for d in r["devices"]})
     if devices:
@@ -303,7 +311,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         cells = [label(hp), hp.get("d_model"), hp.get("state_size"),
                  f"{r['best_lr']:g} ({r['n_lrs']})",
                  f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})",
-                 *([mean_std_text(r["example_acc"])] if with_examples else []), paper,
+                 *([mean_std_text(r[other])] if with_examples else []), paper,
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
                  f"{r['wall_time_s']:.0f}"]
@@ -311,8 +319,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
             "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
-            **({"example_acc_mean": statistics.fmean(r["example_acc"]) if r["example_acc"]
-                else None} if with_examples else {}),
+            **({f"{other}_mean": statistics.fmean(r[other]) if r[other] else None}
+               if with_examples else {}),
             "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
             "pruned": r["pruned"], "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
             **{f"acc_{s}": r["slices"].get(s) for s in slice_names},

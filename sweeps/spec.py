@@ -34,8 +34,9 @@ Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_
 ``[32-true, bf16-mixed]``) stand for their full keys, which the study
 records. A grid key ``config`` takes config file paths (a method per value), or lists of paths that
 compose (a method and an overlay). Keys joined by commas vary together (zipped), for budgets
-such as a fixed m·t. A value ``best:<study>`` stands for the last checkpoint of that finished
-study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
+such as a fixed m·t; a ``null`` in a zipped row leaves that key to the point's config (BASED's
+r beside LLoPS's m and t in one grid). A value ``best:<study>`` stands for the last checkpoint
+of that finished study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
 ``model.init_from``.
 """
 
@@ -132,11 +133,13 @@ class SweepSpec:
         return None if self.size is None else str(ROOT / "configs" / "sizes" / f"{self.size}.yaml")
 
     def points(self) -> list[dict[str, Any]]:
-        """Every grid point (lr included) as ``{key: value}``, zipped keys split apart."""
+        """Every grid point (lr included) as ``{key: value}``, zipped keys split apart; a
+        zipped ``null`` leaves its key out of the point (the config's value stands)."""
         axes: list[list[dict[str, Any]]] = []
         for key, values in self.grid.items():
             names = [k.strip() for k in key.split(",")]
-            axes.append([dict(zip(names, v if len(names) > 1 else [v])) for v in values])
+            axes.append([{k: x for k, x in zip(names, v if len(names) > 1 else [v])
+                          if x is not None or len(names) == 1} for v in values])
         if self.lr:
             axes.append([{"model.lr": lr} for lr in self.lr])
         return [dict(item for d in combo for item in d.items())

@@ -1,0 +1,35 @@
+"""A zipped grid row's null leaves its key to the point's config (one grid over methods with
+different keys), and the specs of the long profile load."""
+
+import pytest
+import yaml
+from paths import ROOT, config
+
+from sweeps.spec import load_spec
+from sweeps.worker import trial_args, trial_name
+
+
+def test_zipped_null_leaves_the_key_out(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "study": "s", "configs": [], "grid": {
+            "config,model.feature_map.init_args.r,m": [[config("based.yaml"), 8, None],
+                                                       [config("p4.yaml"), None, 64]]},
+        "lr": [1e-3]}))
+    based, llops = load_spec(path).points()
+    assert based == {"config": config("based.yaml"), "model.feature_map.init_args.r": 8,
+                     "model.lr": 1e-3}
+    assert llops == {"config": config("p4.yaml"), "model.feature_map.init_args.m": 64,
+                     "model.lr": 1e-3}
+    assert trial_name(llops) == "cfgp4_m64_lr0.001"
+    args = trial_args(load_spec(path), llops, "runs/s", "x")
+    assert "--model.feature_map.init_args.m=64" in args
+    assert not any("init_args.r" in a for a in args)
+
+
+@pytest.mark.parametrize("name", ["long_p_ablation", "long_based_vs_llops", "frontier",
+                                  "long_noise", "long_noise_repeat", "calibration_long"])
+def test_long_profile_specs_load(name):
+    spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
+    assert spec.profile == "long" and spec.points()
+    assert load_spec(ROOT / "sweeps" / f"{name}.yaml", "smoke").points()
