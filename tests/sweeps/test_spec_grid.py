@@ -28,7 +28,8 @@ def test_zipped_null_leaves_the_key_out(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["long_p_ablation", "long_based_vs_llops", "frontier",
-                                  "long_noise", "long_noise_repeat", "calibration_long"])
+                                  "long_noise", "long_noise_repeat", "calibration_long",
+                                  "long_warmstart_based", "long_warmstart"])
 def test_long_profile_specs_load(name):
     spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
     assert spec.profile == "long" and spec.points()
