@@ -27,6 +27,15 @@ def test_zipped_null_leaves_the_key_out(tmp_path):
     assert not any("init_args.r" in a for a in args)
 
 
+def test_bf16_parity_pairs_each_method_with_its_lrs():
+    spec = load_spec(ROOT / "sweeps" / "bf16_parity.yaml")
+    points = spec.points()
+    assert len(points) == 12 * 2 * 3
+    assert {p["trainer.precision"] for p in points} == {"32-true", "bf16-mixed"}
+    based = {p["model.lr"] for p in points if p["config"].endswith("based.yaml")}
+    assert based == {3.0e-4, 1.0e-3, 3.0e-3}
+
+
 @pytest.mark.parametrize("name", ["long_p_ablation", "long_based_vs_llops", "frontier",
                                   "long_noise", "long_noise_repeat", "calibration_long",
                                   "long_warmstart_based", "long_warmstart"])
