@@ -1,7 +1,7 @@
 """``python main.py {fit,validate,test} --config ...``: LightningCLI over LitRecall and the data.
 
 A method config, a size config and a profile compose (they set disjoint keys, so their order
-does not matter)::
+does not matter); with no profile, the ``cpu`` profile is read first (:mod:`arbench.profiles`)::
 
     python main.py fit --config configs/p4.yaml --config configs/profiles/smoke.yaml \
         --config configs/sizes/tiny.yaml
@@ -35,6 +35,7 @@ from arbench.noise import (
     quiet_resume_warning,
 )
 from arbench.precision import bf16_warning
+from arbench.profiles import default_profile_note, with_default_profile
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
 
@@ -99,7 +100,8 @@ def _checkpoint_dir(cfg) -> Path | None:
 
 
 class ArbenchCLI(LightningCLI):
-    """LightningCLI with linked vocab/seed, one-line errors and resumable checkpoints."""
+    """LightningCLI with linked vocab/seed, one-line errors, resumable checkpoints and a
+    default profile."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -112,12 +114,20 @@ class ArbenchCLI(LightningCLI):
         parser.link_arguments("seed_everything", "data.seed")
 
     def parse_arguments(self, parser, args) -> None:
-        """Check the config files first (empty, not YAML) and, after parsing, the outputs
-        and the checkpoint, all before anything is instantiated or written."""
+        """Check the config files first (empty, not YAML), read the default profile when none
+        is given (:mod:`arbench.profiles`) and, after parsing, check the outputs and the
+        checkpoint, all before anything is instantiated or written."""
         argv = sys.argv[1:] if args is None else args
+        defaulted = False
         if isinstance(argv, (list, tuple)):
-            check_config_files([str(a) for a in argv])
-        super().parse_arguments(parser, args)
+            argv = [str(a) for a in argv]
+            check_config_files(argv)
+            argv, defaulted = with_default_profile(argv, self.subcommands())
+        if defaulted:  # parsed here: Lightning warns when given args beside a command line
+            print(default_profile_note(), file=sys.stderr)
+            self.config = parser.parse_args(argv)
+        else:
+            super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand:
             self._check_run(subcommand, self.config[subcommand])
