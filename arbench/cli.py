@@ -36,6 +36,7 @@ from arbench.noise import (
 )
 from arbench.precision import bf16_warning
 from arbench.profiles import default_profile_note, with_default_profile
+from arbench.report import EndOfRunReport
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
 
@@ -100,8 +101,8 @@ def _checkpoint_dir(cfg) -> Path | None:
 
 
 class ArbenchCLI(LightningCLI):
-    """LightningCLI with linked vocab/seed, one-line errors, resumable checkpoints and a
-    default profile."""
+    """LightningCLI with linked vocab/seed, one-line errors, resumable checkpoints, a default
+    profile and a report of what each run found (:mod:`arbench.report`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -177,8 +178,14 @@ class ArbenchCLI(LightningCLI):
         return (f"the model does not fit in memory: {need}, this machine has {ram / GiB:.1f} GiB "
                 "(check sizes such as model.d_model and model.feature_map.init_args.m)")
 
+    def _report_at_the_end(self) -> None:
+        """Add the callback that prints what the run found when it ends or is stopped."""
+        if not any(isinstance(cb, EndOfRunReport) for cb in self.trainer.callbacks):
+            self.trainer.callbacks.append(EndOfRunReport())
+
     def before_fit(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        self._report_at_the_end()
         slow = bf16_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if slow and self.trainer.is_global_zero:
             print(f"warning: {slow}", file=sys.stderr)
@@ -187,10 +194,12 @@ class ArbenchCLI(LightningCLI):
 
     def before_validate(self) -> None:
         checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed
+        self._report_at_the_end()
         quiet_evaluation_dirpath_warning()  # as it does for a checkpoint from another folder
 
     def before_test(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        self._report_at_the_end()
         quiet_evaluation_dirpath_warning()
 
 
