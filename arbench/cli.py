@@ -1,7 +1,7 @@
 """``python main.py {fit,validate,test} --config ...``: LightningCLI over LitRecall and the data.
 
 A method config, a size config and a profile compose (they set disjoint keys, so their order
-does not matter)::
+does not matter); with no profile, the ``cpu`` profile is read first (:mod:`arbench.profiles`)::
 
     python main.py fit --config configs/p4.yaml --config configs/profiles/smoke.yaml \
         --config configs/sizes/tiny.yaml
@@ -35,6 +35,8 @@ from arbench.noise import (
     quiet_resume_warning,
 )
 from arbench.precision import bf16_warning
+from arbench.profiles import default_profile_note, with_default_profile
+from arbench.report import EndOfRunReport
 from arbench.summary import RunSummary
 from arbench.warmstart import WarmStartError
 
@@ -99,7 +101,8 @@ def _checkpoint_dir(cfg) -> Path | None:
 
 
 class ArbenchCLI(LightningCLI):
-    """LightningCLI with linked vocab/seed, one-line errors and resumable checkpoints."""
+    """LightningCLI with linked vocab/seed, one-line errors, resumable checkpoints, a default
+    profile and a report of what each run found (:mod:`arbench.report`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -112,12 +115,20 @@ class ArbenchCLI(LightningCLI):
         parser.link_arguments("seed_everything", "data.seed")
 
     def parse_arguments(self, parser, args) -> None:
-        """Check the config files first (empty, not YAML) and, after parsing, the outputs
-        and the checkpoint, all before anything is instantiated or written."""
+        """Check the config files first (empty, not YAML), read the default profile when none
+        is given (:mod:`arbench.profiles`) and, after parsing, check the outputs and the
+        checkpoint, all before anything is instantiated or written."""
         argv = sys.argv[1:] if args is None else args
+        defaulted = False
         if isinstance(argv, (list, tuple)):
-            check_config_files([str(a) for a in argv])
-        super().parse_arguments(parser, args)
+            argv = [str(a) for a in argv]
+            check_config_files(argv)
+            argv, defaulted = with_default_profile(argv, self.subcommands())
+        if defaulted:  # parsed here: Lightning warns when given args beside a command line
+            print(default_profile_note(), file=sys.stderr)
+            self.config = parser.parse_args(argv)
+        else:
+            super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand:
             self._check_run(subcommand, self.config[subcommand])
@@ -167,8 +178,14 @@ class ArbenchCLI(LightningCLI):
         return (f"the model does not fit in memory: {need}, this machine has {ram / GiB:.1f} GiB "
                 "(check sizes such as model.d_model and model.feature_map.init_args.m)")
 
+    def _report_at_the_end(self) -> None:
+        """Add the callback that prints what the run found when it ends or is stopped."""
+        if not any(isinstance(cb, EndOfRunReport) for cb in self.trainer.callbacks):
+            self.trainer.callbacks.append(EndOfRunReport())
+
     def before_fit(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        self._report_at_the_end()
         slow = bf16_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if slow and self.trainer.is_global_zero:
             print(f"warning: {slow}", file=sys.stderr)
@@ -177,10 +194,12 @@ class ArbenchCLI(LightningCLI):
 
     def before_validate(self) -> None:
         checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed
+        self._report_at_the_end()
         quiet_evaluation_dirpath_warning()  # as it does for a checkpoint from another folder
 
     def before_test(self) -> None:
         checkpoints_by_run_name(self.trainer)
+        self._report_at_the_end()
         quiet_evaluation_dirpath_warning()
 
 

@@ -34,7 +34,8 @@ def config_file_args(argv: list[str]) -> list[str]:
     return values
 
 
-def _looks_like_file(value: str) -> bool:
+def looks_like_config_file(value: str) -> bool:
+    """Whether a ``--config`` value names a file (else it is inline YAML)."""
     return Path(value).suffix.lower() in (".yaml", ".yml", ".json") or Path(value).exists()
 
 
@@ -65,7 +66,7 @@ def _yaml_reason(err: yaml.YAMLError) -> str:
 def check_config_files(argv: list[str]) -> None:
     """Check every config file named in ``argv`` (inline YAML strings are left to the parser)."""
     for value in config_file_args(argv):
-        if _looks_like_file(value):
+        if looks_like_config_file(value):
             check_config_file(value)
 
 

@@ -97,6 +97,14 @@ class RunSummary(Callback):
         self.val_curve = [tuple(p) for p in state_dict.get("val_curve", [])]
         self.loss_curve = [tuple(p) for p in state_dict.get("loss_curve", [])]
 
+    def converged(self) -> bool | None:
+        """The convergence verdict of the val/acc curve so far (:func:`is_converged`)."""
+        return is_converged(self.val_curve)
+
+    def collapsed_at(self, pl_module: L.LightningModule) -> int | None:
+        """The step the training loss collapsed at, or None (:func:`collapse_step`)."""
+        return collapse_step(self.loss_curve, chance=chance_loss(pl_module))
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs,
                            batch, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -166,8 +174,8 @@ class RunSummary(Callback):
             "global_step": trainer.global_step,
             # the strategy's device: by on_fit_end Lightning's teardown has moved the module to the CPU
             "device": device_name(trainer.strategy.root_device),
-            "converged": is_converged(self.val_curve),
-            "collapsed_at": collapse_step(self.loss_curve, chance=chance_loss(pl_module)),
+            "converged": self.converged(),
+            "collapsed_at": self.collapsed_at(pl_module),
             "val_curve": [list(p) for p in self.val_curve],
             "wall_time_s": self.wall_time_s(),
             "hparams": hp,
