@@ -1,4 +1,5 @@
-"""LightningDataModule: the train mixture and the test slices of MQAR, built from YAML."""
+"""LightningDataModule: the train mixture and the test slices of MQAR or its variants (each
+segment's ``task``), built from YAML."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from arbench.checks import check_int
-from arbench.data.mqar import validate_mqar_args
-from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
+from arbench.data.segments import (
+    Segment,
+    SegmentBatches,
+    SegmentData,
+    check_segment,
+    generate_segments,
+)
 from arbench.files import atomic_write
 
 
@@ -54,10 +60,19 @@ def _as_segments(name: str, segments: list[Segment], vocab_size: int, power_a: f
         raise ValueError(f"data.{name} must list at least one segment")
     for i, seg in enumerate(segments):
         try:
-            validate_mqar_args(seg.num_examples, seg.seq_len, seg.num_kv_pairs, vocab_size,
-                               power_a)
+            check_segment(seg, vocab_size, power_a)
         except ValueError as err:
             raise ValueError(f"data.{name}[{i}]: {err}") from None
+
+
+def _unique_slice_names(segments: list[Segment]) -> None:
+    """Raise ``ValueError`` if two test segments share a slice name (their accuracy would mix)."""
+    names = [seg.name for seg in segments]
+    for i, seg_name in enumerate(names):
+        if seg_name in names[:i]:
+            raise ValueError(f"data.test_segments[{i}]: slice {seg_name} is already "
+                             f"data.test_segments[{names.index(seg_name)}] (slice names must "
+                             f"be unique)")
 
 
 class MQARDataModule(L.LightningDataModule):
@@ -79,6 +94,7 @@ class MQARDataModule(L.LightningDataModule):
             check_int(f"data.{name}", value)
         _as_segments("train_segments", train_segments, vocab_size, power_a)
         _as_segments("test_segments", test_segments, vocab_size, power_a)
+        _unique_slice_names(test_segments)
         self.vocab_size = vocab_size
         self.train_segments, self.test_segments = list(train_segments), list(test_segments)
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -92,7 +108,7 @@ class MQARDataModule(L.LightningDataModule):
         return [s.name for s in self.test_segments]
 
     def _generate(self, segments: list[Segment], split: str) -> list[SegmentData]:
-        args = dict(segments=[vars(s) for s in segments], vocab_size=self.vocab_size,
+        args = dict(segments=[s.settings() for s in segments], vocab_size=self.vocab_size,
                     seed=self.seed, split=split, power_a=self.power_a,
                     random_non_queries=self.random_non_queries, version=1)
         path = None
