@@ -106,8 +106,11 @@ def check_segment(seg: Segment, vocab_size: int, power_a: float) -> None:
         if key in task.settings and value is None:
             raise ValueError(f"task {seg.task} needs {key} (it takes {', '.join(task.settings)})")
         if key not in task.settings and value is not None:
+            # jsonargparse merges a list given on the command line item by item into a config
+            # file's list of the same length, so a setting may come from the file
             raise ValueError(f"{key} does not apply to task {seg.task} (it takes "
-                             f"{', '.join(task.settings)})")
+                             f"{', '.join(task.settings)}; if a config file set it, give "
+                             f"{key}: null)")
     task.validate(**_arguments(seg, vocab_size, power_a, random_non_queries=None))
 
 
