@@ -16,6 +16,8 @@ from arbench.data.segments import (
     Segment,
     SegmentBatches,
     SegmentData,
+    SegmentSpec,
+    as_segment,
     check_segment,
     generate_segments,
 )
@@ -55,14 +57,20 @@ class ShardSampler(Sampler[int]):
         return len(self._order()[self.rank::self.world])
 
 
-def _as_segments(name: str, segments: list[Segment], vocab_size: int, power_a: float) -> None:
-    if not segments:
+def _as_segments(name: str, items: list[Segment | SegmentSpec], vocab_size: int,
+                 power_a: float) -> list[Segment]:
+    """The checked segments of ``data.<name>``; ``ValueError`` names the first bad one."""
+    if not items:
         raise ValueError(f"data.{name} must list at least one segment")
-    for i, seg in enumerate(segments):
+    segments = []
+    for i, item in enumerate(items):
         try:
+            seg = as_segment(item)
             check_segment(seg, vocab_size, power_a)
         except ValueError as err:
             raise ValueError(f"data.{name}[{i}]: {err}") from None
+        segments.append(seg)
+    return segments
 
 
 def _unique_slice_names(segments: list[Segment]) -> None:
@@ -78,12 +86,14 @@ def _unique_slice_names(segments: list[Segment]) -> None:
 class MQARDataModule(L.LightningDataModule):
     """Train mixture and test slices (also used for validation), generated once per seed.
 
+    ``train_segments`` and ``test_segments`` hold :class:`~arbench.data.segments.SegmentSpec`
+    mappings (as config files write them) or :class:`~arbench.data.segments.Segment` objects.
     ``cache_dir`` (optional) stores generated tensors on disk keyed by a hash of every
     generator argument, so later runs with the same data skip generation.
     """
 
-    def __init__(self, vocab_size: int = 8192, train_segments: list[Segment] | None = None,
-                 test_segments: list[Segment] | None = None, batch_size: int = 64,
+    def __init__(self, vocab_size: int = 8192, train_segments: list[SegmentSpec] | None = None,
+                 test_segments: list[SegmentSpec] | None = None, batch_size: int = 64,
                  eval_batch_size: int = 256, seed: int = 0, power_a: float = 0.01,
                  random_non_queries: bool = True, cache_dir: str | None = None):
         super().__init__()
@@ -92,8 +102,8 @@ class MQARDataModule(L.LightningDataModule):
         for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
                             ("eval_batch_size", eval_batch_size)):
             check_int(f"data.{name}", value)
-        _as_segments("train_segments", train_segments, vocab_size, power_a)
-        _as_segments("test_segments", test_segments, vocab_size, power_a)
+        train_segments = _as_segments("train_segments", train_segments, vocab_size, power_a)
+        test_segments = _as_segments("test_segments", test_segments, vocab_size, power_a)
         _unique_slice_names(test_segments)
         self.vocab_size = vocab_size
         self.train_segments, self.test_segments = list(train_segments), list(test_segments)

@@ -6,8 +6,9 @@ so accuracy can be reported per slice (e.g. ``L64_N8`` for MQAR, ``ow_L64_N8_U4`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import NotRequired, TypedDict
 
 import torch
 from torch.utils.data import Dataset
@@ -95,6 +96,38 @@ class Segment:
         return out
 
 
+class SegmentSpec(TypedDict):
+    """A :class:`Segment` as a config file writes it: the keys that are set.
+
+    The data module takes lists of these from the command line and config files because
+    jsonargparse replaces such a list whole when a later file or flag gives one, where it would
+    merge a list of dataclasses into the earlier list item by item (a segment would keep a
+    ``task`` or setting of the one it replaces).
+    """
+
+    seq_len: int
+    num_examples: int
+    task: NotRequired[str]
+    num_kv_pairs: NotRequired[int | None]
+    num_updates: NotRequired[int | None]
+    noise_fraction: NotRequired[float | None]
+    noise_vocab_size: NotRequired[int | None]
+    max_key_len: NotRequired[int | None]
+    max_value_len: NotRequired[int | None]
+    num_tokens_to_copy: NotRequired[int | None]
+
+
+def as_segment(item: Segment | Mapping[str, object]) -> Segment:
+    """``item`` itself if a :class:`Segment`, else the segment a :class:`SegmentSpec` writes;
+    ``ValueError`` names a key that is not a segment setting."""
+    if isinstance(item, Segment):
+        return item
+    unknown = sorted(set(item) - {f.name for f in fields(Segment)})
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a segment setting")
+    return Segment(**item)  # type: ignore[arg-type]
+
+
 def check_segment(seg: Segment, vocab_size: int, power_a: float) -> None:
     """Raise ``ValueError`` (one line) for an unknown task, a setting the task does not take or
     lacks, or settings its generator cannot meet."""
@@ -106,11 +139,8 @@ def check_segment(seg: Segment, vocab_size: int, power_a: float) -> None:
         if key in task.settings and value is None:
             raise ValueError(f"task {seg.task} needs {key} (it takes {', '.join(task.settings)})")
         if key not in task.settings and value is not None:
-            # jsonargparse merges a list given on the command line item by item into a config
-            # file's list of the same length, so a setting may come from the file
             raise ValueError(f"{key} does not apply to task {seg.task} (it takes "
-                             f"{', '.join(task.settings)}; if a config file set it, give "
-                             f"{key}: null)")
+                             f"{', '.join(task.settings)})")
     task.validate(**_arguments(seg, vocab_size, power_a, random_non_queries=None))
 
 

@@ -64,7 +64,7 @@ def test_each_task_generates_its_segment_and_names_its_slice():
 @pytest.mark.parametrize("seg,match", [
     (Segment(32, 4, 6, task="nope"), "task must be one of .*got 'nope'"),
     (Segment(32, 4, 6, num_updates=1), r"num_updates does not apply to task mqar \(it takes "
-                                       r"num_kv_pairs; "),
+                                       r"num_kv_pairs\)$"),
     (Segment(32, 4, 6, task="overwrite"), "task overwrite needs num_updates"),
     (Segment(32, 4, 6, task="noisy_recall", noise_fraction=0.2, noise_vocab_size=8),
      "num_kv_pairs does not apply to task noisy_recall"),
