@@ -5,7 +5,8 @@ from arbench.data.copying import generate_selective_copying
 from arbench.data.incontext import generate_in_context_recall
 from arbench.data.mqar import IGNORE_INDEX, generate_mqar
 from arbench.data.overwrite import generate_overwrite
-from arbench.data.segments import TASKS, Segment, SegmentBatches, SegmentData, generate_segments
+from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
+from arbench.data.tasks import TASKS
 
 __all__ = ["IGNORE_INDEX", "TASKS", "Segment", "SegmentBatches", "SegmentData",
            "generate_in_context_recall", "generate_mqar", "generate_overwrite",

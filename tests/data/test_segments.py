@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from arbench.data import IGNORE_INDEX, Segment, SegmentBatches, generate_segments
-from arbench.data.segments import TASKS, check_segment, segment_seed
+from arbench.data.segments import check_segment, segment_seed
+from arbench.data.tasks import TASKS
 
 
 def test_segments_keep_slice_identity_and_seeds():
