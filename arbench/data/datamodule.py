@@ -1,4 +1,5 @@
-"""LightningDataModule: the train mixture and the test slices of MQAR, built from YAML."""
+"""LightningDataModule: the train mixture and the test slices of MQAR or its variants (each
+segment's ``task``), built from YAML."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from arbench.checks import check_int
-from arbench.data.mqar import validate_mqar_args
-from arbench.data.segments import Segment, SegmentBatches, SegmentData, generate_segments
+from arbench.data.segments import (
+    Segment,
+    SegmentBatches,
+    SegmentData,
+    SegmentSpec,
+    as_segment,
+    check_segment,
+    generate_segments,
+)
 from arbench.files import atomic_write
 
 
@@ -49,19 +57,37 @@ class ShardSampler(Sampler[int]):
         return len(self._order()[self.rank::self.world])
 
 
-def _as_segments(name: str, segments: list[Segment], vocab_size: int, power_a: float) -> None:
-    if not segments:
+def _as_segments(name: str, items: list[Segment | SegmentSpec], vocab_size: int,
+                 power_a: float) -> list[Segment]:
+    """The checked segments of ``data.<name>``; ``ValueError`` names the first bad one."""
+    if not items:
         raise ValueError(f"data.{name} must list at least one segment")
-    for i, seg in enumerate(segments):
+    segments = []
+    for i, item in enumerate(items):
         try:
-            validate_mqar_args(seg.num_examples, seg.seq_len, seg.num_kv_pairs, vocab_size,
-                               power_a)
+            seg = as_segment(item)
+            check_segment(seg, vocab_size, power_a)
         except ValueError as err:
             raise ValueError(f"data.{name}[{i}]: {err}") from None
+        segments.append(seg)
+    return segments
+
+
+def _unique_slice_names(segments: list[Segment]) -> None:
+    """Raise ``ValueError`` if two test segments share a slice name (their accuracy would mix)."""
+    names = [seg.name for seg in segments]
+    for i, seg_name in enumerate(names):
+        if seg_name in names[:i]:
+            raise ValueError(f"data.test_segments[{i}]: slice {seg_name} is already "
+                             f"data.test_segments[{names.index(seg_name)}] (slice names must "
+                             f"be unique)")
 
 
 class MQARDataModule(L.LightningDataModule):
     """Train mixture and test slices (also used for validation), generated once per seed.
+
+    ``train_segments`` and ``test_segments`` hold :class:`~arbench.data.segments.SegmentSpec`
+    mappings (as config files write them) or :class:`~arbench.data.segments.Segment` objects.
 
     ``shuffle``: the training order. True (default): batches of every segment in one seeded
     shuffled order per epoch, each segment's examples shuffled once. False (zoology's): no
@@ -72,8 +98,8 @@ class MQARDataModule(L.LightningDataModule):
     generator argument, so later runs with the same data skip generation.
     """
 
-    def __init__(self, vocab_size: int = 8192, train_segments: list[Segment] | None = None,
-                 test_segments: list[Segment] | None = None, batch_size: int = 64,
+    def __init__(self, vocab_size: int = 8192, train_segments: list[SegmentSpec] | None = None,
+                 test_segments: list[SegmentSpec] | None = None, batch_size: int = 64,
                  eval_batch_size: int = 256, seed: int = 0, power_a: float = 0.01,
                  random_non_queries: bool = True, cache_dir: str | None = None,
                  shuffle: bool = True):
@@ -83,8 +109,9 @@ class MQARDataModule(L.LightningDataModule):
         for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
                             ("eval_batch_size", eval_batch_size)):
             check_int(f"data.{name}", value)
-        _as_segments("train_segments", train_segments, vocab_size, power_a)
-        _as_segments("test_segments", test_segments, vocab_size, power_a)
+        train_segments = _as_segments("train_segments", train_segments, vocab_size, power_a)
+        test_segments = _as_segments("test_segments", test_segments, vocab_size, power_a)
+        _unique_slice_names(test_segments)
         self.vocab_size = vocab_size
         self.train_segments, self.test_segments = list(train_segments), list(test_segments)
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -101,7 +128,7 @@ class MQARDataModule(L.LightningDataModule):
         return [s.name for s in self.test_segments]
 
     def _generate(self, segments: list[Segment], split: str) -> list[SegmentData]:
-        args = dict(segments=[vars(s) for s in segments], vocab_size=self.vocab_size,
+        args = dict(segments=[s.settings() for s in segments], vocab_size=self.vocab_size,
                     seed=self.seed, split=split, power_a=self.power_a,
                     random_non_queries=self.random_non_queries, version=1)
         path = None

@@ -36,6 +36,13 @@ def validate_mqar_args(num_examples: int, seq_len: int, num_kv_pairs: int, vocab
             f"seq_len={seq_len} is too short for num_kv_pairs={num_kv_pairs}: the context takes "
             f"2*num_kv_pairs={2 * num_kv_pairs} tokens and the query region needs as many again, "
             f"so seq_len must be >= 4*num_kv_pairs={4 * num_kv_pairs}")
+    check_key_value_vocab(num_kv_pairs, vocab_size)
+    check_power_a(power_a)
+
+
+def check_key_value_vocab(num_kv_pairs: int, vocab_size: int) -> None:
+    """Raise ``ValueError`` unless ``vocab_size`` holds ``num_kv_pairs`` distinct keys (from
+    ``[1, vocab_size // 2)``) and as many distinct values (from ``[vocab_size // 2, vocab_size)``)."""
     num_keys = vocab_size // 2 - 1
     num_values = vocab_size - vocab_size // 2
     if num_kv_pairs > num_keys:
@@ -46,6 +53,10 @@ def validate_mqar_args(num_examples: int, seq_len: int, num_kv_pairs: int, vocab
         raise ValueError(
             f"num_kv_pairs={num_kv_pairs} exceeds the {num_values} distinct values of "
             f"vocab_size={vocab_size}")
+
+
+def check_power_a(power_a: float) -> None:
+    """Raise ``ValueError`` unless the query-gap power ``power_a`` is a finite number > 0."""
     if not (isinstance(power_a, (int, float)) and math.isfinite(power_a) and power_a > 0):
         raise ValueError(f"power_a must be a finite number > 0, got {power_a!r}")
 
@@ -81,6 +92,20 @@ def sample_distinct(num_rows: int, k: int, low: int, high: int,
         draws[rows[row_idx], cols] = torch.randint(low, high, (cols.numel(),), generator=generator)
 
 
+def sample_query_slots(num_rows: int, num_slots: int, k: int, power_a: float,
+                       generator: torch.Generator) -> torch.Tensor:
+    """``(num_rows, k)`` distinct 0-based query slots out of ``num_slots``, each row drawn
+    without replacement with probability proportional to ``g ** (power_a - 1)`` for slot
+    ``g = 1, 2, ...`` (early slots favoured), in draw order.
+
+    Weighted sampling without replacement by the Gumbel-top-k trick (Plackett-Luce order).
+    """
+    slot_weight = torch.arange(1, num_slots + 1, dtype=torch.float64).pow(power_a - 1)
+    u = torch.rand(num_rows, num_slots, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    gumbel = -torch.log(-torch.log(u))
+    return (slot_weight.log() + gumbel).topk(k, dim=1).indices
+
+
 def generate_mqar(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size: int = 8192,
                   power_a: float = 0.01, random_non_queries: bool = True,
                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,12 +124,7 @@ def generate_mqar(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size
     values = sample_distinct(b, n, half, vocab_size, gen)
 
     context = 2 * n
-    num_slots = (seq_len - context) // 2
-    # Weighted sampling without replacement by the Gumbel-top-k trick (Plackett-Luce order).
-    slot_weight = torch.arange(1, num_slots + 1, dtype=torch.float64).pow(power_a - 1)
-    u = torch.rand(b, num_slots, generator=gen, dtype=torch.float64).clamp_min(1e-300)
-    gumbel = -torch.log(-torch.log(u))
-    slots = (slot_weight.log() + gumbel).topk(n, dim=1).indices  # (b, n), 0-based slot
+    slots = sample_query_slots(b, (seq_len - context) // 2, n, power_a, gen)
     query_pos = context + 2 * slots
 
     if random_non_queries:
