@@ -23,6 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from arbench.checkpointing import LatestCheckpoint
 from arbench.checks import CliError, check_writable
 from arbench.ckpt_check import check_checkpoint, last_checkpoint
 from arbench.cli_errors import check_config_files, short_parser_message
@@ -105,7 +106,7 @@ class ArbenchCLI(LightningCLI):
     profile and a report of what each run found (:mod:`arbench.report`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LatestCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max",
                              "checkpoint.save_last": True, "checkpoint.filename": "best-{step}"})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
