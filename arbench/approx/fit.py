@@ -10,7 +10,7 @@ import torch
 
 from arbench.approx.methods import KernelPair
 from arbench.approx.polish import PolishConfig, polish
-from arbench.approx.starts import StartConfig, data_start
+from arbench.approx.starts import StartConfig, data_start, start_name
 
 Target = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Log = Callable[[str], None]
@@ -234,7 +234,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
         pair = seeded_build(build, config.seed)
         if pair is None:
             return None
-        if pair.fitted:
+        if pair.fitted and start_name(pair) is not None:
             start = time.perf_counter()
             with torch.no_grad():
                 a = target(q.double(), k.double())

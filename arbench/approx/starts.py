@@ -65,6 +65,17 @@ def bilinear_start(q: torch.Tensor, k: torch.Tensor, r: int) -> tuple[torch.Tens
     return inv_q @ (u[:, :r] * half), inv_k @ (vh[:r].T * half)
 
 
+def start_name(pair: KernelPair) -> str | None:
+    """``"als"`` or ``"svd"`` when :func:`data_start` has a start for ``pair``, else ``None``."""
+    phi_q, phi_k = pair.phi_q, pair.phi_k
+    if isinstance(phi_q, LLoPS) and isinstance(phi_k, LLoPS) and not (
+            phi_q.affine or phi_q.square or phi_k.affine or phi_k.square):
+        return "als"
+    if isinstance(phi_q, ProjectedPower) and isinstance(phi_k, ProjectedPower):
+        return "svd"
+    return None
+
+
 @torch.no_grad()
 def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
                config: StartConfig, log: Log | None = None,
@@ -72,12 +83,12 @@ def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tens
     """Set ``pair``'s parameters from the training ``q`` ``(nq, d)``, ``k`` ``(nk, d)`` and
     ``a`` = target(q, k) ``(nq, nk)`` when the map has a data-driven start; else ``None``."""
     phi_q, phi_k = pair.phi_q, pair.phi_k
-    if isinstance(phi_q, LLoPS) and isinstance(phi_k, LLoPS) and not (
-            phi_q.affine or phi_q.square or phi_k.affine or phi_k.square):
+    name = start_name(pair)
+    if name == "als":
         result = als_start(phi_q, phi_k, q, k, a, config.sweeps, config.cg_iters, config.tol,
                            log, label)
         return StartResult("als", result.sweeps, result.stopped)
-    if isinstance(phi_q, ProjectedPower) and isinstance(phi_k, ProjectedPower):
+    if name == "svd":
         w_q, w_k = bilinear_start(q, k, phi_q.proj.shape[1])
         phi_q.proj.copy_(w_q.to(phi_q.proj.dtype))
         phi_k.proj.copy_(w_k.to(phi_k.proj.dtype))
