@@ -22,7 +22,7 @@ from arbench.approx.methods import KernelPair
 class PolishConfig:
     """The stopping rule of :func:`polish` (module docstring) and L-BFGS's history size."""
 
-    steps: int = 500
+    steps: int = 200
     gtol: float = 1e-5
     ftol: float = 1e-6
     patience: int = 10
