@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -243,6 +244,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
             seconds = time.perf_counter() - start
     if started is not None:
         result = FitResult(steps=started.steps, stopped=started.stopped, seconds=seconds,
+                           first_loss=started.first_loss, last_loss=started.last_loss,
                            start=started.name + (f" ({started.stopped})" if started.stopped
                                                  else ""))
     else:
@@ -259,7 +261,8 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
         polished = polish(pair, q, k, a, config.polish, label)
         result.polish_steps, result.grad_norm = polished.steps, polished.grad_norm
         result.stopped = polished.stopped
-        result.first_loss = result.first_loss if result.losses else polished.first_loss
+        if math.isnan(result.first_loss):  # no Adam steps or ALS sweeps before
+            result.first_loss = polished.first_loss
         result.last_loss = polished.last_loss
         result.seconds += polished.seconds
     return pair, result

@@ -66,7 +66,9 @@ def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
         return result
     start = time.perf_counter()
     a = a.to(q.dtype)
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, history_size=config.history,
+    # one iteration per call; max_eval must be set (its default, 5/4 of max_iter, is 1 here
+    # and leaves the line search no evaluation after the first)
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=1, max_eval=25, history_size=config.history,
                             tolerance_grad=-1.0, tolerance_change=0.0,
                             line_search_fn="strong_wolfe")
     cached = {"fresh": False, "loss": 0.0}

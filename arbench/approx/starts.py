@@ -36,12 +36,14 @@ class StartConfig:
 
 @dataclass
 class StartResult:
-    """Which start ran (``"als"``, ``"svd"``), its steps (ALS sweeps; 0 for the SVD) and why
-    it ended."""
+    """Which start ran (``"als"``, ``"svd"``), its steps (ALS sweeps; 0 for the SVD), why it
+    ended and (ALS) the relative training loss before and after."""
 
     name: str
     steps: int = 0
     stopped: str = ""
+    first_loss: float = float("nan")  # relative loss on the training pairs before and after
+    last_loss: float = float("nan")
 
 
 def _inv_sqrt_and_sqrt(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +89,8 @@ def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tens
     if name == "als":
         result = als_start(phi_q, phi_k, q, k, a, config.sweeps, config.cg_iters, config.tol,
                            log, label)
-        return StartResult("als", result.sweeps, result.stopped)
+        return StartResult("als", result.sweeps, result.stopped, result.losses[0],
+                           result.losses[-1])
     if name == "svd":
         w_q, w_k = bilinear_start(q, k, phi_q.proj.shape[1])
         phi_q.proj.copy_(w_q.to(phi_q.proj.dtype))
