@@ -71,6 +71,10 @@ def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     (["--teacher", "{linear}"], "is not a softmax teacher: its mixers are ['conv', 'linear']"),
     (["--teacher", "{tmp}/missing.ckpt"], "does not exist"),
     (["--qk", "{tmp}/missing.pt"], "does not exist"),
+    (["--synthetic", "--train-seqs", "-1"], "error: --train-seqs must be an integer >= 0, got -1"),
+    (["--synthetic", "--polish-steps", "-1"], "error: L-BFGS steps must be >= 0"),
+    (["--synthetic", "--gtol", "-1"], "error: L-BFGS steps must be >= 0, gtol >= 0"),
+    (["--synthetic", "--als-sweeps", "-2"], "error: ALS sweeps must be >= 0"),
 ])
 def test_bad_input_gives_one_line(args, message, tmp_path, monkeypatch, capsys):
     ckpt, linear = tmp_path / "t.ckpt", tmp_path / "l.ckpt"
