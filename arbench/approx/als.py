@@ -12,7 +12,8 @@ solved by preconditioned conjugate gradients (CG) from the current factor, so th
 rises. The preconditioner is the block diagonal's Kronecker approximation (QᵀQ) ⊗ diag(w),
 w_{r,c} = mean_i P_r[i, c]² G_cc. A sweep updates every factor of the query side, then of the
 key side; after each factor the factors' scales are rebalanced (per column and rank, equal
-norms over j; per column, equal ‖Φ_Q[:, c]‖ and ‖Φ_K[:, c]‖), which leaves Â unchanged.
+norms over j; per column, equal ‖Φ_Q[:, c]‖ and ‖Φ_K[:, c]‖), which leaves Â unchanged. A CP
+rank t > 1 first fits rank 1 alone, then grows the other ranks from it (:func:`als_start`).
 """
 
 from __future__ import annotations
@@ -165,16 +166,40 @@ def als_sweeps(theta_q: torch.Tensor, theta_k: torch.Tensor, q: torch.Tensor, k:
     return theta_q, theta_k, result
 
 
+def add_ranks(theta: torch.Tensor, extra: torch.Tensor, scale: float) -> torch.Tensor:
+    """Rank-1 factors ``theta`` ``(1, p, d, m)`` and ranks 2..t in the directions of ``extra``
+    ``(t − 1, p, d, m)``, each factor column ``scale`` times as long as rank 1's: φ changes by
+    O(scale^p) relative, and ALS can grow the new ranks from there."""
+    unit = extra / extra.norm(dim=2, keepdim=True).clamp_min(1e-300)
+    return torch.cat([theta, unit * (scale * theta.norm(dim=2, keepdim=True))])
+
+
 @torch.no_grad()
 def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
               sweeps: int, cg_iters: int = 25, tol: float = 1e-4, log: Log | None = None,
-              label: str = "") -> ALSResult:
+              label: str = "", grow: bool = True, grow_scale: float = 0.1) -> ALSResult:
     """Fit the (non-affine, unsquared) LLoPS maps ``phi_q``, ``phi_k`` to ``a`` = target(q, k)
-    by :func:`als_sweeps`, from their current parameters; writes the factors back."""
+    by :func:`als_sweeps`, from their current parameters; writes the factors back.
+
+    With ``grow`` and CP rank t > 1: first rank 1 alone (the maps' first rank, which is the
+    rank-1 map's start when built with the same seed, since ALS does not depend on the start's
+    scale), then all t ranks from that fit plus the others at ``grow_scale`` (:func:`add_ranks`),
+    so a higher rank starts from (almost) the lower rank's fit. Up to ``sweeps`` each.
+    """
     if phi_q.affine or phi_q.square or phi_k.affine or phi_k.square:
         raise ValueError("ALS supports plain LLoPS maps (no affine factors, no squaring)")
-    theta_q, theta_k, result = als_sweeps(phi_q.theta, phi_k.theta, q, k, a, sweeps, cg_iters,
-                                          tol, log, label)
+    theta_q, theta_k = phi_q.theta, phi_k.theta
+    first = None
+    if grow and theta_q.shape[0] > 1:
+        one_q, one_k, first = als_sweeps(theta_q[:1], theta_k[:1], q, k, a, sweeps, cg_iters,
+                                         tol, log, f"{label} rank 1")
+        theta_q = add_ranks(one_q, theta_q[1:].double(), grow_scale)
+        theta_k = add_ranks(one_k, theta_k[1:].double(), grow_scale)
+    theta_q, theta_k, result = als_sweeps(theta_q, theta_k, q, k, a, sweeps, cg_iters, tol, log,
+                                          label)
+    if first is not None:
+        result = ALSResult(first.losses + result.losses, first.sweeps + result.sweeps,
+                           result.stopped)
     phi_q.theta.copy_(theta_q.to(phi_q.theta.dtype))
     phi_k.theta.copy_(theta_k.to(phi_k.theta.dtype))
     return result

@@ -162,7 +162,8 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         "start, steps, stop and the gradient norm at the stop per fit in table.csv). "
         + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
            "subproblem is linear least squares, solved by conjugate gradients; at most "
-           f"{config.fit.start.sweeps} sweeps) from its sketch start; BASED-style from the "
+           f"{config.fit.start.sweeps} sweeps) from its sketch start, a CP rank t > 1 rank 1 "
+           "first and the other ranks grown from that fit; BASED-style from the "
            "projections that make (qW_Q)·(kW_K) the best rank-r approximation of q·k on the "
            "training pairs; " if config.fit.data_start else "Starts: ")
         + f"MLP{'' if config.fit.data_start else ', LLoPS, BASED-style'} and Flatten from Adam "

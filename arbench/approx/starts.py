@@ -26,12 +26,15 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class StartConfig:
-    """ALS settings: at most ``sweeps`` sweeps, stop once one gains less than ``tol``
-    (relative), ``cg_iters`` conjugate-gradient steps per factor."""
+    """ALS settings: at most ``sweeps`` sweeps (per stage with ``grow``), stop once one gains
+    less than ``tol`` (relative), ``cg_iters`` conjugate-gradient steps per factor; ``grow``:
+    see :func:`arbench.approx.als.als_start`."""
 
     sweeps: int = 50
     tol: float = 1e-4
     cg_iters: int = 25
+    grow: bool = True  # rank t > 1: rank 1 first, then the others from it
+    grow_scale: float = 0.1
 
 
 @dataclass
@@ -88,7 +91,7 @@ def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tens
     name = start_name(pair)
     if name == "als":
         result = als_start(phi_q, phi_k, q, k, a, config.sweeps, config.cg_iters, config.tol,
-                           log, label)
+                           log, label, config.grow, config.grow_scale)
         return StartResult("als", result.sweeps, result.stopped, result.losses[0],
                            result.losses[-1])
     if name == "svd":

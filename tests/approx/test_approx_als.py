@@ -96,3 +96,21 @@ def test_bilinear_start_is_the_best_rank_r_approximation_of_qk(r):
     approx = (q.double() @ w_q) @ (k.double() @ w_k).T
     assert rel_frobenius(approx, a) == pytest.approx(eckart_young(a, r).rel_frobenius,
                                                      abs=1e-9)
+
+
+def test_a_higher_rank_grows_from_the_rank_1_fit_and_ends_no_worse():
+    d, m, p = 6, 8, 3
+    q, k = gaussian_qk(80, d, seed=9)
+    a = (q.double() @ k.double().T) ** p
+    results = {}
+    for t in (1, 2):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(4)
+            pair = llops_pair(d, m, p, t)
+        results[t] = als_start(pair.phi_q, pair.phi_k, q, k, a, sweeps=15, tol=0.0)
+    one, two = results[1].losses, results[2].losses
+    assert results[2].sweeps == 30
+    # stage 1 of t = 2 is the t = 1 fit: from the first sweep on, ALS does not depend on the
+    # start's scale (only the loss before it does)
+    assert two[1:len(one)] == pytest.approx(one[1:], rel=1e-4)
+    assert two[-1] < one[-1]
