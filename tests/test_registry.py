@@ -95,7 +95,7 @@ def test_outside_map_in_the_approximation_study(outside, tmp_path, capsys):
     assert "| 2 | cosine (CosineMap) | 12 |" in text
     assert "| 2 | p4 (LLoPS) | 256 |" in text
     assert "PolySketchFormer" in text and "LLoPS t=1" not in text
-    assert "[L0 h0 p=2] cosine (CosineMap): lr" in capsys.readouterr().out
+    assert "[L0 h0 p=2] cosine (CosineMap): adam" in capsys.readouterr().out  # fitted
 
 
 def test_registry_reads_the_shipped_method_configs():

@@ -3,7 +3,10 @@
 Queries and keys come from a softmax teacher (:mod:`~arbench.approx.extract`), a saved file
 (:mod:`~arbench.approx.qkset`) or a synthetic generator; :mod:`~arbench.approx.study` fits and
 scores the methods of :mod:`~arbench.approx.methods` against the Eckart–Young floor of
-:mod:`~arbench.approx.floor`; :mod:`~arbench.approx.report` writes the table and plot.
+:mod:`~arbench.approx.floor`; :mod:`~arbench.approx.report` writes the table and plot. A fit
+(:mod:`~arbench.approx.fit`) starts from the data where the map allows it
+(:mod:`~arbench.approx.starts`, LLoPS by :mod:`~arbench.approx.als`), else from Adam, and ends
+with full-batch L-BFGS to a stationary point (:mod:`~arbench.approx.polish`).
 """
 
 from arbench.approx.extract import extract_from_teacher, extract_qk, load_teacher

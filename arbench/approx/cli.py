@@ -13,11 +13,13 @@ import torch
 from arbench.approx.extract import extract_from_teacher, load_teacher, softmax_layers
 from arbench.approx.fit import FitConfig
 from arbench.approx.ledger import Ledger
+from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
+from arbench.approx.starts import StartConfig
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
 from arbench.approx.synthetic import synthetic_qk
-from arbench.checks import check_writable
+from arbench.checks import check_int, check_writable
 from arbench.options import add_options, given, opt
 from arbench.registry import load_method_config
 
@@ -49,8 +51,24 @@ class ApproxConfig:
     batch: int = opt(512, help="queries and keys per step")
     init_ratio: float = opt(0.25, help="initial ‖Â‖/‖A‖ on the first batch (0: as built)")
     seed: int = opt(0, help="seed of the split and the fits")
-    n_train: int = opt(2048, help="training tokens (q and k)")
+    n_train: int = opt(4096, help="training tokens (q and k) per layer: the held-out split's "
+                                  "training sequences first, then the --train-seqs ones")
     n_test: int = opt(1024, help="held-out tokens (q and k)")
+    train_seqs: int = opt(32, help="extra training-only sequences (teacher: MQAR seed "
+                                   "--train-seed; synthetic: drawn after the others); the "
+                                   "held-out pairs do not depend on them")
+    train_seed: int = opt(10_001, help="MQAR seed of the --train-seqs sequences (teacher)")
+    data_start: bool = opt(True, help="LLoPS starts from alternating least squares over its "
+                                      "factors, BASED-style from the best rank-r bilinear "
+                                      "projections; the other maps from the Adam fit")
+    als_sweeps: int = opt(50, help="the most ALS sweeps of the LLoPS start (it ends earlier "
+                                   "once a sweep gains < 1e-4 of the loss)")
+    polish_steps: int = opt(200, help="the most full-batch L-BFGS steps after every start "
+                                      "(0: off)")
+    gtol: float = opt(1e-5, help="L-BFGS stops as stationary once the full-batch gradient "
+                                 "norm of the relative loss is <= this")
+    ftol: float = opt(1e-6, help="... or once 10 steps in a row each lowered the loss by "
+                                 "less than this fraction")
     mlp_hidden: int = opt(256, help="hidden width of the 2-layer MLP maps")
     explicit_max_dim: int = opt(20_000, help="build W* explicitly on ψ_p only up to this many "
                                              "rows")
@@ -67,7 +85,10 @@ class ApproxConfig:
     def study(self) -> StudyConfig:
         """The study's configuration."""
         fit = FitConfig(steps=self.steps, lr=self.lrs[0], batch=self.batch, seed=self.seed,
-                        init_ratio=self.init_ratio, log_every=self.log_every)
+                        init_ratio=self.init_ratio, log_every=self.log_every,
+                        data_start=self.data_start, start=StartConfig(sweeps=self.als_sweeps),
+                        polish=PolishConfig(steps=self.polish_steps, gtol=self.gtol,
+                                            ftol=self.ftol))
         return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
                            n_train=self.n_train, n_test=self.n_test, seed=self.seed,
                            mlp_hidden=self.mlp_hidden, explicit_max_dim=self.explicit_max_dim,
@@ -100,13 +121,15 @@ def load_source(cfg: ApproxConfig) -> QKSet:
         model = load_teacher(cfg.teacher)
         return extract_from_teacher(model, layers or softmax_layers(model), heads or [0],
                                     cfg.num_seqs, cfg.seq_len, cfg.num_kv_pairs, cfg.data_seed,
-                                    checkpoint=str(cfg.teacher))
+                                    checkpoint=str(cfg.teacher), train_seqs=cfg.train_seqs,
+                                    train_seed=cfg.train_seed)
     if cfg.qk:
         return load_qk(cfg.qk).select(layers, heads)
     layers = layers if layers is not None else [0, 1, 2]
     return synthetic_qk(layers, head_dim=cfg.head_dim, num_seqs=cfg.num_seqs,
                         seq_len=cfg.seq_len, num_heads=max(heads or [0]) + 1,
-                        seed=cfg.data_seed).select(layers, heads or [0])
+                        seed=cfg.data_seed, train_seqs=cfg.train_seqs).select(layers,
+                                                                               heads or [0])
 
 
 def source(cfg: ApproxConfig, qk: QKSet) -> dict[str, object]:
@@ -114,7 +137,7 @@ def source(cfg: ApproxConfig, qk: QKSet) -> dict[str, object]:
     return {"meta": qk.meta, "layers": list(qk.layers), "heads": list(qk.heads),
             "qk": cfg.qk, "num_seqs": cfg.num_seqs, "seq_len": cfg.seq_len,
             "num_kv_pairs": cfg.num_kv_pairs, "data_seed": cfg.data_seed,
-            "head_dim": cfg.head_dim}
+            "head_dim": cfg.head_dim, "train_only": qk.train_only, "train_seed": cfg.train_seed}
 
 
 def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
@@ -127,28 +150,42 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"Source: {where}; layers {qk.layers}, heads {qk.heads}, head dim d = {qk.head_dim}.",
         f"m = {config.m} features; LLoPS CP ranks t = {list(config.ranks)}; p = {list(config.ps)}.",
         f"Held-out sequences are disjoint from the training ones; {config.n_train} training and "
-        f"{config.n_test} held-out tokens (at most) per layer; every error is over all "
+        f"{config.n_test} held-out tokens (at most) per layer, the training ones from the split's "
+        f"training sequences and {qk.train_only} training-only ones; every error is over all "
         "held-out (query, key) pairs.",
         "q and k are divided by √c, c = RMS of q·k over the training pairs, so (q·k)^p is O(1); "
         "the relative errors of the polynomial maps and of the floor do not depend on c.",
-        f"Fitted maps: Adam until the loss on a held-back eighth of the training queries and "
-        f"keys stopped improving (lr /10 after 3 checks without a 1% gain, twice; at most "
-        f"{config.fit.steps} steps; steps and stop per fit in table.csv), lr chosen per method "
-        f"and layer from {list(config.lrs or (config.fit.lr,))} by that validation loss, "
-        f"{config.fit.batch}×{config.fit.batch} pairs a step, loss ‖Â−A‖²_F/‖A‖²_F, seed "
-        f"{config.fit.seed}, estimate rescaled at init to {config.fit.init_ratio}×‖A‖; "
-        "PolySketchFormer is a fixed Gaussian sketch shared by q and k (unbiased, not fitted); "
-        "LLoPS/Flatten start as that sketch (temperature 1, φ_K a copy of φ_Q); BASED-style "
-        "starts with W_K = W_Q. Errors are not optimisation-free: Adam can stop short of a "
-        "method's best fit (see the floor and W* rows).",
+        "Fitted maps: a start, then full-batch L-BFGS on the loss ‖Â−A‖²_F/‖A‖²_F over all "
+        "training pairs until stationary (stop: gradient norm ≤ "
+        f"{config.fit.polish.gtol:g}, or {config.fit.polish.patience} steps in a row each "
+        f"gaining < {config.fit.polish.ftol:g} of the loss, or {config.fit.polish.steps} steps; "
+        "start, steps, stop and the gradient norm at the stop per fit in table.csv). "
+        + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
+           "subproblem is linear least squares, solved by conjugate gradients; at most "
+           f"{config.fit.start.sweeps} sweeps) from its sketch start, a CP rank t > 1 rank 1 "
+           "first and the other ranks grown from that fit; BASED-style from the "
+           "projections that make (qW_Q)·(kW_K) the best rank-r approximation of q·k on the "
+           "training pairs; " if config.fit.data_start else "Starts: ")
+        + f"MLP{'' if config.fit.data_start else ', LLoPS, BASED-style'} and Flatten from Adam "
+        f"until the loss on a held-back eighth of the training queries and keys stopped "
+        f"improving (lr /10 after 3 checks without a 1% gain, twice; at most "
+        f"{config.fit.steps} steps), lr chosen per method and layer from "
+        f"{list(config.lrs or (config.fit.lr,))} by that validation loss, "
+        f"{config.fit.batch}×{config.fit.batch} pairs a step, seed {config.fit.seed}, estimate "
+        f"rescaled at init to {config.fit.init_ratio}×‖A‖. PolySketchFormer is a fixed "
+        "Gaussian sketch shared by q and k (unbiased, not fitted); LLoPS/Flatten are built as "
+        "that sketch (temperature 1, φ_K a copy of φ_Q). A stationary point need not be a "
+        "map's best fit (see the floor and data-limit rows).",
         "BASED-style: learned projections to r dims, then the exact degree-p expansion "
         "(C(r+p−1, p) ≤ m features): ((q W_Q)·(k W_K))^p.",
         "Eckart–Young floor: best rank-m approximation of the held-out A = (Q Kᵀ)^p; the RMAE "
         "table shows that truncated SVD's RMAE (not an RMAE floor), the Frobenius table the floor.",
         "Thm 3.1 W* (held-out): the explicit optimal linear sketch ψ_p(x) W* built on the held-out "
         "set itself (reaches the floor; only where C(d+p−1, p) ≤ "
-        f"{config.explicit_max_dim}). Thm 3.1 W* (train): W* = ψ_p(Q)⁺ U_m Σ_m^½ built on the "
-        "training pairs (minimum-norm least squares, via Gram matrices) and applied to held-out.",
+        f"{config.explicit_max_dim}). Data limit, Thm 3.1 W* (train): W* = ψ_p(Q)⁺ U_m Σ_m^½ "
+        "built on the training pairs (minimum-norm least squares, via Gram matrices) and "
+        "applied to held-out: what the training data pin down of the optimal sketch; the "
+        "column ÷ data limit divides each row's mean by it.",
         "Paper columns: the paper's RMAE (SPEC §4) on layers 0 / 8 / 15 of its own softmax "
         "Transformer; its LLoPS is t = 1. Compare trends, not digits.",
     ]
@@ -161,6 +198,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(cfg.threads)
     config = cfg.study()
     check_settings(config)  # fail before any extraction work
+    check_int("--train-seqs", cfg.train_seqs, minimum=0)
     check_writable(cfg.out, "--out")
     if cfg.save_qk:
         check_writable(Path(cfg.save_qk).parent, "--save-qk")

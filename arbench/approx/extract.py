@@ -95,17 +95,28 @@ def model_config(model: RecallModel) -> dict[str, Any]:
 
 def extract_from_teacher(model: RecallModel, layers: list[int], heads: list[int],
                          num_seqs: int = 32, seq_len: int = 128, num_kv_pairs: int = 16,
-                         seed: int = 10_000, checkpoint: str | None = None) -> QKSet:
-    """Generate held-out MQAR sequences (own ``seed``) and capture q, k of ``layers``/``heads``."""
+                         seed: int = 10_000, checkpoint: str | None = None,
+                         train_seqs: int = 0, train_seed: int = 10_001) -> QKSet:
+    """Generate held-out MQAR sequences (own ``seed``) and capture q, k of ``layers``/``heads``.
+
+    ``train_seqs`` more sequences (seed ``train_seed``) follow them as training-only data
+    (:attr:`QKSet.train_only`); the first ``num_seqs`` do not depend on them.
+    """
     model = check_softmax_teacher(model, checkpoint or "model")
     check_layers_heads(model, layers, heads)
     inputs, _ = generate_mqar(num_seqs, seq_len, num_kv_pairs, vocab_size=model.vocab_size,
                               seed=seed)
+    if train_seqs > 0:
+        extra, _ = generate_mqar(train_seqs, seq_len, num_kv_pairs,
+                                 vocab_size=model.vocab_size, seed=train_seed)
+        inputs = torch.cat([inputs, extra])
     q, k = extract_qk(model, inputs, layers, heads)
     data = {"num_seqs": num_seqs, "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "seed": seed}
+    if train_seqs > 0:
+        data |= {"train_seqs": train_seqs, "train_seed": train_seed}
     meta = {"source": "teacher", "layers": list(layers), "heads": list(heads),
             "config": model_config(model), "data": data, "checkpoint": checkpoint}
-    return QKSet(q, k, list(layers), list(heads), meta)
+    return QKSet(q, k, list(layers), list(heads), meta, train_only=max(0, train_seqs))
 
 
 def load_teacher(path: str | Path) -> RecallModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from arbench.approx.methods import KernelPair
+from arbench.approx.polish import PolishConfig, polish
+from arbench.approx.starts import StartConfig, data_start, start_name
 
 Target = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Log = Callable[[str], None]
@@ -28,6 +31,11 @@ class FitConfig:
     ``init_ratio``: before the first step the estimate is rescaled (through the parameters)
     so that its Frobenius norm on the first batch is ``init_ratio`` times the target's
     (0 disables it; maps without a rescaling rule are left as built).
+
+    :func:`fit_best` only: with ``data_start``, maps that have one start from the training
+    data (:mod:`arbench.approx.starts`, settings ``start``) instead of the Adam fit; then every
+    fitted map is polished by full-batch L-BFGS to a stationary point (:mod:`arbench.approx.
+    polish`, settings ``polish``; ``polish.steps = 0`` turns it off).
     """
 
     steps: int = 1000
@@ -42,6 +50,9 @@ class FitConfig:
     init_ratio: float = 0.5
     restarts: int = 1  # fit_best: seeds seed, seed + 1, ... per learning rate
     log_every: int = 0  # 0: no per-step lines
+    data_start: bool = True
+    start: StartConfig = field(default_factory=StartConfig)
+    polish: PolishConfig = field(default_factory=PolishConfig)
 
 
 @dataclass
@@ -58,6 +69,9 @@ class FitResult:
     best_val: float = float("nan")
     steps: int = 0
     stopped: str = ""
+    start: str = ""  # fit_best: "adam", or the data start ("als", "svd") and how it ended
+    polish_steps: int = 0
+    grad_norm: float = float("nan")  # ‖∇L‖₂ of the full training loss at the stop
 
     @property
     def final_loss(self) -> float:
@@ -168,10 +182,11 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
     return result
 
 
-def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.Tensor,
-             target: Target, config: FitConfig, lrs: Sequence[float], log: Log | None = None,
-             label: str = "") -> tuple[KernelPair, FitResult] | None:
-    """Fit a fresh ``build()`` per learning rate in ``lrs`` and restart seed.
+def adam_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.Tensor,
+              target: Target, config: FitConfig, lrs: Sequence[float], log: Log | None = None,
+              label: str = "") -> tuple[KernelPair, FitResult] | None:
+    """Fit a fresh ``build()`` with Adam (:func:`fit_pair`) per learning rate in ``lrs`` and
+    restart seed.
 
     Restart i builds and draws batches with seed ``config.seed + i``. Keeps the pair with the
     lowest :attr:`FitResult.selection_loss`; the total time of all the fits is in its result.
@@ -181,9 +196,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     total = 0.0
     runs = [(lr, config.seed + i) for lr in lrs for i in range(max(1, config.restarts))]
     for lr, seed in runs:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            pair = build()
+        pair = seeded_build(build, seed)
         if pair is None:
             return None
         result = fit_pair(pair, q, k, target, replace(config, lr=lr, seed=seed), log, label)
@@ -195,3 +208,61 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     assert best is not None, "fit_best needs at least one learning rate"
     best[1].seconds = total
     return best
+
+
+def seeded_build(build: Callable[[], KernelPair | None], seed: int) -> KernelPair | None:
+    """``build()`` under ``torch.manual_seed(seed)``, the global RNG restored after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.Tensor,
+             target: Target, config: FitConfig, lrs: Sequence[float], log: Log | None = None,
+             label: str = "") -> tuple[KernelPair, FitResult] | None:
+    """Start, then polish: the study's fit of one method on training ``q`` ``(nq, d)``, ``k``
+    ``(nk, d)``.
+
+    Start: with ``config.data_start``, a map that has a data-driven start gets it
+    (:func:`arbench.approx.starts.data_start`, built with seed ``config.seed``); any other
+    map the best Adam fit of :func:`adam_best`. Polish: full-batch L-BFGS on all the training
+    pairs until stationary (:func:`arbench.approx.polish.polish`), unless
+    ``config.polish.steps`` is 0. ``None`` when ``build()`` gives ``None``.
+    """
+    started = None
+    a: torch.Tensor | None = None
+    if config.data_start:
+        pair = seeded_build(build, config.seed)
+        if pair is None:
+            return None
+        if pair.fitted and start_name(pair) is not None:
+            start = time.perf_counter()
+            with torch.no_grad():
+                a = target(q.double(), k.double())
+            started = data_start(pair, q, k, a, config.start,
+                                 log if config.log_every else None, label)
+            seconds = time.perf_counter() - start
+    if started is not None:
+        result = FitResult(steps=started.steps, stopped=started.stopped, seconds=seconds,
+                           first_loss=started.first_loss, last_loss=started.last_loss,
+                           start=started.name + (f" ({started.stopped})" if started.stopped
+                                                 else ""))
+    else:
+        fitted = adam_best(build, q, k, target, config, lrs, log, label)
+        if fitted is None:
+            return None
+        pair, result = fitted
+        if not pair.fitted:
+            return pair, result
+        result.start = f"adam ({result.stopped})" if result.stopped else "adam"
+    if config.polish.steps > 0:
+        with torch.no_grad():
+            a = target(q, k) if a is None else a.to(q.dtype)
+        polished = polish(pair, q, k, a, config.polish, label)
+        result.polish_steps, result.grad_norm = polished.steps, polished.grad_norm
+        result.stopped = polished.stopped
+        if math.isnan(result.first_loss):  # no Adam steps or ALS sweeps before
+            result.first_loss = polished.first_loss
+        result.last_loss = polished.last_loss
+        result.seconds += polished.seconds
+    return pair, result

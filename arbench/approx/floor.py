@@ -27,10 +27,25 @@ class Floor:
     rmae: float  # RMAE of the rank-m truncated SVD itself
 
 
+EXACT_SVD_MAX = 2048  # larger matrices: the eigendecomposition of a aᵀ (several times faster)
+
+
 def truncated_svd(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 SVD of ``(nq, nk)`` ``a`` kept to rank m: ``U_m (nq, m), σ (all), V_m (nk, m)``."""
-    u, s, vh = torch.linalg.svd(a.double(), full_matrices=False)
-    return u[:, :m], s, vh[:m].T
+    """Float64 SVD of ``(nq, nk)`` ``a`` kept to rank m: ``U_m (nq, m), σ (all), V_m (nk, m)``.
+
+    Up to :data:`EXACT_SVD_MAX` rows: ``torch.linalg.svd``. Beyond: σ² and U from
+    ``eigh(a aᵀ)`` and V_m = aᵀ U_m / σ_m (accurate for the leading singular values, which are
+    all the floor and W* use; σ below √eps·σ_1 read as 0).
+    """
+    a = a.double()
+    if a.shape[0] <= EXACT_SVD_MAX:
+        u, s, vh = torch.linalg.svd(a, full_matrices=False)
+        return u[:, :m], s, vh[:m].T
+    evals, evecs = torch.linalg.eigh(a @ a.T)
+    s = evals.flip(0).clamp_min(0).sqrt()[:min(a.shape)]
+    u = evecs.flip(1)[:, :m]
+    v = (a.T @ u) / s[:m].clamp_min(s[0] * 1e-300)
+    return u, s, v
 
 
 def eckart_young(a: torch.Tensor, m: int) -> Floor:

@@ -17,7 +17,9 @@ class QKSet:
 
     L = ``len(layers)`` model layers (indices into ``model.blocks``), H = ``len(heads)`` heads,
     S sequences of n positions, head dim d. ``meta``: where they came from (layer, head,
-    config dict, checkpoint path, data settings), plain Python values only.
+    config dict, checkpoint path, data settings), plain Python values only. The last
+    ``train_only`` of the S sequences may only train, never be held out (extra training data,
+    :func:`arbench.approx.study.split_pairs`).
     """
 
     q: torch.Tensor
@@ -25,6 +27,7 @@ class QKSet:
     layers: list[int]
     heads: list[int]
     meta: dict[str, Any] = field(default_factory=dict)
+    train_only: int = 0
 
     def __post_init__(self) -> None:
         if self.q.dim() != 5 or self.q.shape != self.k.shape:
@@ -33,6 +36,9 @@ class QKSet:
         if self.q.shape[:2] != (len(self.layers), len(self.heads)):
             raise ValueError(f"q has {self.q.shape[0]} layers x {self.q.shape[1]} heads but "
                              f"layers={self.layers}, heads={self.heads}")
+        if not 0 <= self.train_only < self.q.shape[2]:
+            raise ValueError(f"train_only must be in [0, {self.q.shape[2]}) (some sequences "
+                             f"must be left to hold out), got {self.train_only}")
 
     @property
     def head_dim(self) -> int:
@@ -57,7 +63,7 @@ class QKSet:
         hi = [self.heads.index(x) for x in heads]
         q = self.q[li][:, hi]
         k = self.k[li][:, hi]
-        return QKSet(q, k, layers, heads, dict(self.meta))
+        return QKSet(q, k, layers, heads, dict(self.meta), self.train_only)
 
 
 def save_qk(qk: QKSet, path: str | Path) -> Path:
@@ -65,7 +71,8 @@ def save_qk(qk: QKSet, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": FORMAT, "q": qk.q, "k": qk.k, "layers": list(qk.layers),
-                "heads": list(qk.heads), "meta": qk.meta}, path)
+                "heads": list(qk.heads), "meta": qk.meta,
+                "train_only": qk.train_only}, path)
     return path
 
 
@@ -81,4 +88,4 @@ def load_qk(path: str | Path) -> QKSet:
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ValueError(f"{path} is not an arbench query/key extraction (format {FORMAT})")
     return QKSet(blob["q"], blob["k"], list(blob["layers"]), list(blob["heads"]),
-                 dict(blob.get("meta", {})))
+                 dict(blob.get("meta", {})), int(blob.get("train_only", 0)))

@@ -56,19 +56,24 @@ def markdown_table(records: list[Record], metric: str) -> str:
     labels = [column_label(layer, head, many_heads) for layer, head in cols]
     lookup = {(r.p, r.method, r.layer, r.head): r for r in records}
     paper = metric == "rmae"
-    head = ["p", "method", "m'", *labels, "mean"]
+    head = ["p", "method", "m'", *labels, "mean", "÷ data limit"]
     if paper:
         head += ["paper mean", "paper L0 / L8 / L15"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p, method in row_order(records):
         found = [lookup.get((p, method, layer, h)) for layer, h in cols]
         values = [getattr(r, metric) if r else None for r in found]
+        limit = mean_value([getattr(r, metric) if r else None for r in
+                            (lookup.get((p, FITTED_OPTIMAL, layer, h)) for layer, h in cols)])
+        mean = mean_value(values)
         dims = sorted({r.feature_dim for r in found if r})
         details = sorted({r.detail for r in found if r and r.detail})
         name = f"{method} ({', '.join(details)})" if details else method
         name = f"**{name}**" if method == FLOOR else name
-        cells = [str(p), name, "/".join(map(str, dims)), *map(_fmt, values),
-                 _fmt(mean_value(values))]
+        ratio = mean / limit if mean is not None and limit else None
+        cells = [str(p), name, "/".join(map(str, dims)), *map(_fmt, values), _fmt(mean),
+                 "" if method in (FLOOR, EXPLICIT, FITTED_OPTIMAL) or ratio is None
+                 else f"{ratio:.2f}×"]
         if paper:
             ref = PAPER_RMAE.get((p, method))
             cells += [_fmt(ref[3]), " / ".join(map(_fmt, ref[:3]))] if ref else ["", ""]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arbench.approx.fit import FitConfig, fit_best
+from arbench.approx.fit import FitConfig, FitResult, fit_best
 from arbench.approx.floor import eckart_young, explicit_sketch_kernel, fitted_optimal_sketch
 from arbench.approx.kernels import check_p, monomial_count, poly_kernel
 from arbench.approx.methods import method_builders
@@ -32,7 +32,7 @@ Log = Callable[[str], None]
 
 FLOOR = "Eckart–Young floor"
 EXPLICIT = "Thm 3.1 W* (held-out)"
-FITTED_OPTIMAL = "Thm 3.1 W* (train)"
+FITTED_OPTIMAL = "data limit: Thm 3.1 W* (train)"
 METHOD_KEYS = ("polysketch", "mlp", "flatten", "based", "llops")
 
 
@@ -68,8 +68,11 @@ class Record:
     feature_dim: int
     seconds: float = 0.0
     detail: str = ""
-    fit_steps: int = 0
-    fit_stop: str = ""
+    fit_start: str = ""  # "adam", "als" or "svd", and how that phase ended
+    fit_steps: int = 0  # Adam steps or ALS sweeps of the start
+    polish_steps: int = 0  # full-batch L-BFGS steps after it
+    fit_stop: str = ""  # why the fit ended (the polish's rule when it ran)
+    grad_norm: float | None = None  # ‖∇L‖₂ of the training loss at the stop
 
 
 @dataclass
@@ -83,31 +86,59 @@ class Split:
     scale: float
 
 
-def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig) -> tuple[int, int, int]:
-    """``(train sequences, train tokens, held-out tokens)`` the split will use."""
-    if num_seqs < 2:
-        raise ValueError(f"need at least 2 sequences to hold some out, got {num_seqs}")
-    s_train = min(max(1, round(num_seqs * config.train_fraction)), num_seqs - 1)
-    return (s_train, min(config.n_train, s_train * seq_len),
-            min(config.n_test, (num_seqs - s_train) * seq_len))
+def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig,
+                train_only: int = 0) -> tuple[int, int, int]:
+    """``(train sequences, train tokens, held-out tokens)`` the split will use.
+
+    The first ``num_seqs − train_only`` sequences are split (``train_fraction`` train, the
+    rest held out); the last ``train_only`` add to the training ones.
+    """
+    base = num_seqs - train_only
+    if base < 2:
+        raise ValueError(f"need at least 2 sequences besides the training-only ones to hold "
+                         f"some out, got {base}")
+    s_train = min(max(1, round(base * config.train_fraction)), base - 1)
+    return (s_train + train_only, min(config.n_train, (s_train + train_only) * seq_len),
+            min(config.n_test, (base - s_train) * seq_len))
 
 
-def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig) -> Split:
-    """Split ``(S, n, d)`` queries/keys by sequence, subsample tokens (seeded), normalise."""
+def pair_scale(q: torch.Tensor, k: torch.Tensor) -> float:
+    """c = RMS of q·k over all ``(nq, d)`` × ``(nk, d)`` pairs, via ‖Q Kᵀ‖²_F = tr(QᵀQ KᵀK)."""
+    q64, k64 = q.double(), k.double()
+    return float(((q64.T @ q64) * (k64.T @ k64)).sum().clamp_min(0) / (len(q) * len(k))) ** 0.5
+
+
+def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig,
+                train_only: int = 0) -> Split:
+    """Split ``(S, n, d)`` queries/keys by sequence, subsample tokens (seeded), normalise.
+
+    The held-out tokens are drawn from the first ``S − train_only`` sequences exactly as
+    without training-only ones; the training tokens are that split's (in its seeded order)
+    followed by the training-only sequences' (own seeded order), cut to ``n_train``.
+    """
     s, n, d = q.shape
-    s_train, n_train, n_test = split_sizes(s, n, config)
+    base = s - train_only
+    _, n_train, n_test = split_sizes(s, n, config, train_only)
+    s_train, _, _ = split_sizes(base, n, config)
     gen = torch.Generator().manual_seed(config.seed)
-    order = torch.randperm(s, generator=gen)
+    order = torch.randperm(base, generator=gen)
     tr, te = order[:s_train], order[s_train:]
 
     def tokens(x: torch.Tensor, seqs: torch.Tensor, count: int, pick: torch.Tensor) -> torch.Tensor:
         return x[seqs].reshape(-1, d)[pick[:count]].float()
 
     pick_tr = torch.randperm(s_train * n, generator=gen)
-    pick_te = torch.randperm((s - s_train) * n, generator=gen)
+    pick_te = torch.randperm((base - s_train) * n, generator=gen)
     q_tr, k_tr = tokens(q, tr, n_train, pick_tr), tokens(k, tr, n_train, pick_tr)
     q_te, k_te = tokens(q, te, n_test, pick_te), tokens(k, te, n_test, pick_te)
-    c = float((q_tr.double() @ k_tr.double().T).pow(2).mean().sqrt())
+    more = n_train - q_tr.shape[0]
+    if more > 0:
+        extra = torch.arange(base, s)
+        pick_x = torch.randperm(train_only * n, generator=torch.Generator().manual_seed(
+            config.seed + 1))
+        q_tr = torch.cat([q_tr, tokens(q, extra, more, pick_x)])
+        k_tr = torch.cat([k_tr, tokens(k, extra, more, pick_x)])
+    c = pair_scale(q_tr, k_tr)
     if not math.isfinite(c) or c <= 0:
         raise ValueError("queries and keys are degenerate: q·k is zero (or not finite) on all "
                          "training pairs")
@@ -134,6 +165,11 @@ def check_settings(config: StudyConfig) -> None:
             not 0 <= fit.min_improvement < 1:
         raise ValueError("check_every and patience must be >= 1, lr_drops >= 0 and "
                          "min_improvement in [0, 1)")
+    if fit.start.sweeps < 0 or fit.start.cg_iters < 1 or not 0 <= fit.start.tol < 1:
+        raise ValueError("ALS sweeps must be >= 0, its CG steps >= 1 and its tol in [0, 1)")
+    if fit.polish.steps < 0 or fit.polish.patience < 1 or fit.polish.history < 1 or \
+            not fit.polish.gtol >= 0 or not 0 <= fit.polish.ftol < 1:
+        raise ValueError("L-BFGS steps must be >= 0, gtol >= 0 and ftol in [0, 1)")
     if any(not lr > 0 for lr in (config.lrs or (fit.lr,))):
         raise ValueError(f"learning rates must be > 0, got {list(config.lrs or (fit.lr,))}")
 
@@ -141,7 +177,7 @@ def check_settings(config: StudyConfig) -> None:
 def check_config(config: StudyConfig, qk: QKSet) -> None:
     """:func:`check_settings`, and m no larger than the held-out queries/keys of ``qk``."""
     check_settings(config)
-    _, _, n_test = split_sizes(qk.q.shape[2], qk.q.shape[3], config)
+    _, _, n_test = split_sizes(qk.q.shape[2], qk.q.shape[3], config, qk.train_only)
     if config.m > n_test:
         raise ValueError(f"m={config.m} is larger than the number of held-out queries/keys "
                          f"({n_test}): the held-out {n_test}x{n_test} matrix has rank <= "
@@ -169,6 +205,18 @@ def floor_records(split: Split, p: int, layer: int, head: int,
     approx = phi_q(split.q_test.double()) @ phi_k(split.k_test.double()).T
     out.append(_score(p, FITTED_OPTIMAL, layer, head, approx, a, m))
     return out
+
+
+def fit_summary(result: FitResult) -> str:
+    """One log phrase: the start (lr and steps for Adam), then the polish and its stop."""
+    if result.start.startswith("adam"):
+        start = f"{result.start}: lr {result.lr:g}, {result.steps} steps"
+    else:
+        start = f"{result.start}: {result.steps} sweeps" if result.steps else result.start
+    if not result.polish_steps and not math.isfinite(result.grad_norm):
+        return start
+    return (f"{start}; L-BFGS {result.polish_steps} steps ({result.stopped}), "
+            f"|grad| {result.grad_norm:.2g}")
 
 
 def method_records(split: Split, p: int, layer: int, head: int, config: StudyConfig,
@@ -202,14 +250,15 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
             approx = pair(split.q_test, split.k_test)
         rec = _score(p, name, layer, head, approx, a, pair.feature_dim, result.seconds,
                      pair.detail)
-        rec.fit_steps, rec.fit_stop = result.steps, result.stopped
+        rec.fit_start, rec.fit_steps, rec.fit_stop = result.start, result.steps, result.stopped
+        rec.polish_steps = result.polish_steps
+        rec.grad_norm = result.grad_norm if math.isfinite(result.grad_norm) else None
         out.append(rec)
         if ledger:
             ledger.add(rec)
         if log:
-            ended = f" ({result.stopped})" if result.stopped else ""
-            how = (f"lr {result.lr:g}, {result.steps} steps{ended}, loss {result.first_loss:.3g}"
-                   f" -> {result.last_loss:.3g}, " if pair.fitted else "not fitted, ")
+            how = (f"{fit_summary(result)}, loss {result.first_loss:.3g} -> "
+                   f"{result.last_loss:.3g}, " if pair.fitted else "not fitted, ")
             floor = f" (floor {floor_fro:.4f})" if floor_fro is not None else ""
             log(f"{tag}: {how}held-out RMAE {rec.rmae:.4f}, rel. Frobenius "
                 f"{rec.rel_frobenius:.4f}{floor}, {result.seconds:.1f} s")
@@ -224,7 +273,7 @@ def run_study(qk: QKSet, config: StudyConfig, log: Log | None = None,
     records: list[Record] = []
     for layer in qk.layers:
         for head in qk.heads:
-            split = split_pairs(*qk.get(layer, head), config)
+            split = split_pairs(*qk.get(layer, head), config, qk.train_only)
             for p in config.ps:
                 floors = floor_records(split, p, layer, head, config)
                 records += floors

@@ -18,13 +18,16 @@ def _rotation(d: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def synthetic_qk(layers: list[int], head_dim: int = 16, num_seqs: int = 8, seq_len: int = 64,
-                 num_heads: int = 1, seed: int = 0) -> QKSet:
-    """A :class:`QKSet` ``(len(layers), num_heads, num_seqs, seq_len, head_dim)``."""
-    if head_dim < 1 or num_seqs < 1 or seq_len < 1 or num_heads < 1:
-        raise ValueError("head_dim, num_seqs, seq_len and num_heads must be >= 1")
+                 num_heads: int = 1, seed: int = 0, train_seqs: int = 0) -> QKSet:
+    """A :class:`QKSet` ``(len(layers), num_heads, num_seqs + train_seqs, seq_len,
+    head_dim)``; the last ``train_seqs`` sequences are training-only (``train_only``)."""
+    if head_dim < 1 or num_seqs < 1 or seq_len < 1 or num_heads < 1 or train_seqs < 0:
+        raise ValueError("head_dim, num_seqs, seq_len and num_heads must be >= 1, "
+                         "train_seqs >= 0")
+    total = num_seqs + train_seqs
     gen = torch.Generator().manual_seed(seed)
     n_layers = len(layers)
-    shape = (n_layers, num_heads, num_seqs, seq_len, head_dim)
+    shape = (n_layers, num_heads, total, seq_len, head_dim)
     alphas = torch.linspace(1.0, 0.25, n_layers) if n_layers > 1 else torch.tensor([0.6])
     q = torch.empty(shape)
     k = torch.empty(shape)
@@ -34,10 +37,11 @@ def synthetic_qk(layers: list[int], head_dim: int = 16, num_seqs: int = 8, seq_l
             for out in (q, k):
                 mean = torch.randn(head_dim, generator=gen)
                 mean = mean / mean.norm()
-                z = torch.randn(num_seqs, seq_len, head_dim, generator=gen) * spectrum
+                z = torch.randn(total, seq_len, head_dim, generator=gen) * spectrum
                 out[i, h] = (z + mean) @ _rotation(head_dim, gen)
     meta = {"source": "synthetic", "layers": list(layers), "heads": list(range(num_heads)),
-            "config": {"head_dim": head_dim, "num_seqs": num_seqs, "seq_len": seq_len,
+            "config": {"head_dim": head_dim, "num_seqs": num_seqs, "train_seqs": train_seqs,
+                       "seq_len": seq_len,
                        "alphas": [round(a, 4) for a in alphas.tolist()], "seed": seed},
             "checkpoint": None}
-    return QKSet(q, k, list(layers), list(range(num_heads)), meta)
+    return QKSet(q, k, list(layers), list(range(num_heads)), meta, train_only=train_seqs)

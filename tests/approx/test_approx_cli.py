@@ -8,7 +8,8 @@ from arbench.approx.extract import extract_from_teacher
 from arbench.approx.qkset import save_qk
 
 TINY = ["--p", "2", "3", "--m", "8", "--ranks", "1", "2", "--steps", "15", "--lr", "1e-2",
-        "--n-train", "64", "--n-test", "32", "--num-seqs", "4", "--seq-len", "32"]
+        "--n-train", "64", "--n-test", "32", "--num-seqs", "4", "--seq-len", "32",
+        "--als-sweeps", "5", "--polish-steps", "20"]
 
 
 def table_rows(path):
@@ -31,12 +32,20 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
         for method in methods:
             # each row appears in both tables (RMAE and relative Frobenius)
             assert sum(r.startswith(f"| {p} | ") and method in r for r in rows) == 2, (p, method)
-    assert "| p | method | m' | L0 | L2 | mean | paper mean |" in text
+    assert "| p | method | m' | L0 | L2 | mean | ÷ data limit | paper mean |" in text
     assert "0.022" in text and "0.741" in text  # the paper's means sit beside ours
     with (out / "table.csv").open() as fh:
         records = list(csv.DictReader(fh))
     assert len(records) == 2 * 2 * len(methods)  # p x layers x rows
     assert (out / "error_vs_rank.png").stat().st_size > 0
+    starts = {"2-layer MLP": "adam", "Flatten": "adam", "BASED-style": "svd", "LLoPS t=1": "als"}
+    for row in records:
+        if row["method"] in starts:  # every fit: its start, steps, stop and gradient norm
+            assert row["fit_start"].startswith(starts[row["method"]]), row
+            assert row["fit_stop"] in ("stationary", "stalled", "max steps"), row
+            assert 0 < int(row["polish_steps"]) <= 20 and float(row["grad_norm"]) >= 0, row
+        if row["method"] == "PolySketchFormer":
+            assert row["fit_start"] == row["grad_norm"] == "", row
 
 
 def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
@@ -62,6 +71,10 @@ def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     (["--teacher", "{linear}"], "is not a softmax teacher: its mixers are ['conv', 'linear']"),
     (["--teacher", "{tmp}/missing.ckpt"], "does not exist"),
     (["--qk", "{tmp}/missing.pt"], "does not exist"),
+    (["--synthetic", "--train-seqs", "-1"], "error: --train-seqs must be an integer >= 0, got -1"),
+    (["--synthetic", "--polish-steps", "-1"], "error: L-BFGS steps must be >= 0"),
+    (["--synthetic", "--gtol", "-1"], "error: L-BFGS steps must be >= 0, gtol >= 0"),
+    (["--synthetic", "--als-sweeps", "-2"], "error: ALS sweeps must be >= 0"),
 ])
 def test_bad_input_gives_one_line(args, message, tmp_path, monkeypatch, capsys):
     ckpt, linear = tmp_path / "t.ckpt", tmp_path / "l.ckpt"

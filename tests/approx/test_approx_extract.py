@@ -54,6 +54,18 @@ def test_extract_from_teacher_metadata_and_file_roundtrip(tmp_path):
         back.select([2])
 
 
+def test_training_only_sequences_follow_the_held_out_ones_unchanged(tmp_path):
+    model = tiny_model(["softmax"], n_layers=2, num_heads=1)
+    args = dict(num_seqs=3, seq_len=16, num_kv_pairs=2)
+    plain = extract_from_teacher(model, [0], [0], **args)
+    more = extract_from_teacher(model, [0], [0], **args, train_seqs=2, train_seed=5)
+    assert more.q.shape[2] == 5 and more.train_only == 2
+    torch.testing.assert_close(more.q[:, :, :3], plain.q)  # the first num_seqs do not change
+    assert more.meta["data"]["train_seqs"] == 2 and more.meta["data"]["train_seed"] == 5
+    back = load_qk(save_qk(more, tmp_path / "qk.pt"))
+    assert back.train_only == 2 and back.select([0], [0]).train_only == 2
+
+
 def test_bad_layers_heads_and_models():
     model = tiny_model(["conv", "softmax"], n_layers=2, num_heads=2)
     with pytest.raises(ValueError, match="layer index 5 is out of range: the model has 2 layers"):

@@ -5,22 +5,38 @@ from arbench.approx.fit import FitConfig, fit_best, fit_pair
 from arbench.approx.kernels import poly_kernel
 from arbench.approx.methods import llops_pair, mlp_pair, polysketch_pair
 from arbench.approx.metrics import rel_frobenius
+from arbench.approx.polish import PolishConfig
 
 
 def test_llops_recovers_an_exact_rank_m_polynomial_kernel():
-    # Targets from a random LLoPS pair with the same m, p, t: zero error is reachable. The fit
-    # is nonconvex (a CP decomposition), so it keeps the best of 3 restarts x 2 learning rates;
-    # with these settings every one of 6 teacher seeds tried was recovered (p = 3 is not
-    # reliably recovered by Adam at this budget, so it is not asserted).
+    # Targets from a random LLoPS pair with the same m, p, t: zero error is reachable. The Adam
+    # fit alone (no data start, no polish) is nonconvex (a CP decomposition), so it keeps the
+    # best of 3 restarts x 2 learning rates; with these settings every one of 6 teacher seeds
+    # tried was recovered (p = 3 is not reliably recovered by Adam at this budget, so it is not
+    # asserted).
     d, m, p, t = 8, 4, 2, 1
     teacher = llops_teacher(d, m, p, t, seed=101)
     q, k = gaussian_qk(300, d, seed=p)
-    config = FitConfig(steps=1000, batch=150, init_ratio=0.5, restarts=3)
+    config = FitConfig(steps=1000, batch=150, init_ratio=0.5, restarts=3, data_start=False,
+                       polish=PolishConfig(steps=0))
     pair, _ = fit_best(lambda: llops_pair(d, m, p, t), q[:150], k[:150], teacher, config,
                        lrs=[3e-2, 1e-1])
     with torch.no_grad():
         err = rel_frobenius(pair(q[150:], k[150:]), teacher(q[150:], k[150:]))
     assert err < 0.01
+
+
+def test_default_fit_starts_from_als_and_polishes_to_near_zero_error():
+    d, m, p, t = 8, 4, 2, 1
+    teacher = llops_teacher(d, m, p, t, seed=102)
+    q, k = gaussian_qk(300, d, seed=p)
+    pair, result = fit_best(lambda: llops_pair(d, m, p, t), q[:150], k[:150], teacher,
+                            FitConfig(), lrs=[1e-2])
+    assert result.start.startswith("als") and result.losses == []  # no Adam step
+    assert result.stopped in ("stationary", "stalled") and result.grad_norm < 1e-3
+    with torch.no_grad():
+        err = rel_frobenius(pair(q[150:], k[150:]), teacher(q[150:], k[150:]))
+    assert err < 1e-3
 
 
 def test_llops_error_does_not_increase_with_rank():

@@ -6,7 +6,7 @@ from arbench.approx.ledger import LEDGER_NAME
 
 TINY = ["--synthetic", "--layers", "0", "1", "--head-dim", "4", "--p", "2", "--m", "8",
         "--steps", "15", "--lr", "1e-2", "--n-train", "64", "--n-test", "32", "--num-seqs", "4",
-        "--seq-len", "32", "--methods", "mlp", "llops"]
+        "--seq-len", "32", "--methods", "mlp", "llops", "--als-sweeps", "5", "--polish-steps", "20"]
 
 
 def scores(out):

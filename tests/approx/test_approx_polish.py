@@ -1,0 +1,47 @@
+import pytest
+import torch
+from approx_helpers import gaussian_qk
+
+from arbench.approx.kernels import poly_kernel
+from arbench.approx.methods import based_pair, llops_pair, polysketch_pair
+from arbench.approx.polish import PolishConfig, loss_and_grad, polish
+
+
+def test_polish_stops_at_a_stationary_point_and_reports_the_gradient():
+    # r = d = 4 (C(5, 2) = 10 features): ((q W_Q)·(k W_K))² can equal (q·k)² exactly, so the
+    # stationary point L-BFGS reaches from a random start is (numerically) the zero loss.
+    d, m, p = 4, 10, 2
+    q, k = gaussian_qk(40, d, seed=2)
+    q, k = q.double(), k.double()
+    a = poly_kernel(q, k, p)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pair = based_pair(d, m, p).double()
+    result = polish(pair, q, k, a, PolishConfig(steps=500, gtol=1e-6, ftol=0.0))
+    assert result.stopped == "stationary" and 0 < result.steps < 500
+    assert result.last_loss < 1e-10 < 0.1 < result.first_loss
+    params = [prm for prm in pair.parameters() if prm.requires_grad]
+    loss, grad_norm = loss_and_grad(pair, q, k, a, params)
+    assert grad_norm == pytest.approx(result.grad_norm, rel=1e-6) and grad_norm <= 1e-6
+    assert loss == pytest.approx(result.last_loss, rel=1e-6)
+
+
+def test_polish_stops_at_its_step_limit_or_when_stalled():
+    d, m, p = 4, 6, 3
+    q, k = gaussian_qk(30, d, seed=3)
+    a = poly_kernel(q, k, p)
+    torch.manual_seed(0)
+    capped = polish(llops_pair(d, m, p, 1), q, k, a, PolishConfig(steps=3, gtol=0.0))
+    assert (capped.steps, capped.stopped) == (3, "max steps") and capped.grad_norm > 0
+    stalled = polish(llops_pair(d, m, p, 1), q, k, a,
+                     PolishConfig(steps=10_000, gtol=0.0, ftol=0.5, patience=2))
+    assert stalled.stopped == "stalled" and stalled.steps < 10_000
+
+
+def test_polish_leaves_unfitted_maps_alone():
+    q, k = gaussian_qk(20, 4, seed=0)
+    sketch = polysketch_pair(4, 8, 2)
+    before = sketch(q, k).clone()
+    result = polish(sketch, q, k, poly_kernel(q, k, 2), PolishConfig())
+    assert result.steps == 0 and result.stopped == ""
+    torch.testing.assert_close(sketch(q, k), before)
