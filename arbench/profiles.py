@@ -1,7 +1,8 @@
 """The default profile: with no profile among the ``--config`` files, ``configs/profiles/cpu.yaml``.
 
 A profile (``configs/profiles/``) sets the data and the training budget. A config file counts
-as one when it sets any ``data:`` key or one of the trainer's budget keys :data:`BUDGET_KEYS`.
+as one when it sets the data (:data:`DATA_KEYS`) or one of the trainer's budget keys
+:data:`BUDGET_KEYS`.
 When no config file given to ``fit``, ``validate`` or ``test`` is a profile, the default
 profile is read first, right after the subcommand, so every other config file and flag
 overrides its keys. Any given profile replaces it entirely: none of the default's keys is read.
@@ -24,7 +25,10 @@ from arbench.cli_errors import config_file_args, looks_like_config_file
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "configs" / "profiles" / "cpu.yaml"
 """Read when no profile is given: the ``cpu`` profile, the same on every machine."""
 BUDGET_KEYS = ("max_steps", "max_epochs", "max_time")
-"""The ``trainer:`` keys that set a run's budget (with ``data:``, what makes a profile)."""
+"""The ``trainer:`` keys that set a run's budget (with :data:`DATA_KEYS`, what makes a
+profile)."""
+DATA_KEYS = ("vocab_size", "train_segments", "test_segments", "batch_size")
+"""The ``data:`` keys that make a config file a profile: the task's data and its batches."""
 
 
 def config_mapping(value: str) -> dict[str, Any]:
@@ -39,9 +43,10 @@ def config_mapping(value: str) -> dict[str, Any]:
 
 
 def is_profile(config: dict[str, Any]) -> bool:
-    """Whether a config mapping sets the data or the trainer's budget."""
-    trainer = config.get("trainer")
-    return bool(config.get("data")) or (
+    """Whether a config mapping sets the data (:data:`DATA_KEYS`) or the trainer's budget. A
+    recipe overlay's data switches (``data.shuffle``) do not make it a profile."""
+    trainer, data = config.get("trainer"), config.get("data")
+    return (isinstance(data, dict) and any(key in data for key in DATA_KEYS)) or (
         isinstance(trainer, dict) and any(key in trainer for key in BUDGET_KEYS))
 
 
@@ -72,5 +77,5 @@ def default_profile_note() -> str:
             "pick another with --config configs/profiles/<name>.yaml")
 
 
-__all__ = ["BUDGET_KEYS", "DEFAULT_PROFILE", "config_mapping", "default_profile_note",
+__all__ = ["BUDGET_KEYS", "DATA_KEYS", "DEFAULT_PROFILE", "config_mapping", "default_profile_note",
            "is_profile", "with_default_profile"]

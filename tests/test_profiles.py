@@ -81,6 +81,8 @@ def test_what_counts_as_a_profile(tmp_path):
     assert is_profile({"data": {"vocab_size": 64}})
     assert is_profile({"trainer": {"max_epochs": 3}})
     assert not is_profile({"model": {"d_model": 32}, "trainer": {"logger": None}})
+    recipe = yaml.safe_load(open(config("recipes/zoology.yaml")).read())
+    assert recipe["data"] and not is_profile(recipe)  # an overlay's data switch is no profile
     size = config("sizes/tiny.yaml")
     argv, added = with_default_profile(["fit", "--config", size], ["fit", "test"])
     assert added and argv == ["fit", "--config", str(DEFAULT_PROFILE), "--config", size]
