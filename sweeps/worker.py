@@ -29,6 +29,7 @@ from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise, quiet_resume_warning
+from sweeps.faults import storage_fault
 from sweeps.refs import resolve_refs
 from sweeps.retry import checkpoint_progress, replay_curve, without_rungs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
@@ -426,6 +427,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         log(f"trial {trial.number} {name}: pruned after {spent():.0f} s")
         return
     except Exception as err:
+        if storage_fault(err) is not None:
+            raise  # the database's fault, not the trial's: it stays running, resumed later
         trial.set_user_attr("fail_reason", one_line(err))
         study.tell(trial, state=TrialState.FAIL)
         log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")
