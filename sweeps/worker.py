@@ -419,7 +419,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         config_text = cli.parser.dump(cli.config, skip_none=False)
         (Path(trainer.log_dir) / "config.yaml").write_text(config_text)
         trial.set_user_attr("config", config_text)  # reuse needs it once runs/ is gone
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+        # tensors only, as read_checkpoint read it above (a pickle could run code)
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, weights_only=True)
         summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
     except optuna.TrialPruned:
         record_pruned(trial, storage, Path(trainer.log_dir), spent())
