@@ -46,19 +46,23 @@ def load_tensors(path: str | Path, what: str, error: type[Exception] = CliError,
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         unsafe = _UNSAFE_GLOBAL.search(str(err))
-        if unsafe or "Weights only load failed" in str(err):
-            named = f" ({unsafe.group(1)})" if unsafe else ""
+        if unsafe:
             raise error(f"{what} refused: it holds an object other than tensors and plain "
-                        f"values{named}, which loading could use to run code; only files "
-                        "written by arbench's own torch.save are loaded") from None
+                        f"values ({unsafe.group(1)}), which loading could use to run code; "
+                        "only files written by arbench's own torch.save are loaded") from None
         raise error(_unreadable(what, kind, err)) from None
     except Exception as err:  # torch raises many kinds for a truncated or foreign file
         raise error(_unreadable(what, kind, err)) from None
 
 
 def _unreadable(what: str, kind: str, err: Exception) -> str:
-    text = str(err).strip().split(". ")[0].splitlines()
-    reason = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    """One line for a file torch cannot read; the weights-only unpickler's own reason when it
+    gives one (its message starts with a long preamble)."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    lines = text.split(". ")[0].splitlines()
+    reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
     return f"{what} is not a readable {kind} (truncated, or not written by torch.save: {reason})"
 
 
