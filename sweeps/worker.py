@@ -362,6 +362,21 @@ def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> d
     return params
 
 
+def point_problem(params: dict[str, Any], spec: SweepSpec) -> str | None:
+    """Why the queued point ``params`` is not one of the spec's, or None. Every key must be a
+    grid key of the spec and every value that is not a number one of the spec's values for it
+    (numbers may differ: ``--widen`` adds lrs, a grown grid adds seeds). A point from a
+    restored archive can therefore never pass ``main.py`` an option, a config file or a class
+    path the spec does not name."""
+    choices = spec.choices()
+    for key, value in params.items():
+        if key not in choices:
+            return f"its grid point sets {key}, which is not a grid key of {spec.path}"
+        if not is_number(value) and value not in choices[key]:
+            return f"its grid point's {key}={value!r:.80} is not a value {spec.path} lists"
+    return None
+
+
 def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
                   wall_time_s: float) -> None:
     """What a run the pruner stopped had done: its validations (``val_curve``, (step, value)
@@ -387,6 +402,12 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     from arbench.cli import build_cli, checkpoints_by_run_name
 
     params = point_params(trial, spec, storage)
+    problem = point_problem(params, spec)
+    if problem is not None:
+        trial.set_user_attr("fail_reason", problem)
+        study.tell(trial, state=TrialState.FAIL)
+        log(f"trial {trial.number}: FAILED ({problem})")
+        return
     name = trial_name(params)
     save_dir = runs_root / spec.study
     last = last_checkpoint(save_dir / name / "checkpoints")  # as main.py's --ckpt_path last
