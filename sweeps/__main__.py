@@ -286,16 +286,18 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
                     "save": cmd_save, "restore": cmd_restore}
         return commands[args.command](args)
-    except (SpecError, StorageError, CliError) as err:
-        print(f"error: {scrub(str(err), secret_url(args))}", file=sys.stderr)
-        return 2
     except Exception as err:
+        worker = os.environ.get("ARBENCH_SWEEP_WORKER")
         fault = storage_fault(err)
-        if fault is None:
+        # a worker's storage answered its parent a moment ago: failing to open it is a loss
+        if fault is not None and (worker or not isinstance(err, StorageError)):
+            message, status = storage_lost_message(fault, worker), STORAGE_LOST_STATUS
+        elif isinstance(err, (SpecError, StorageError, CliError)):
+            message, status = str(err), 2
+        else:
             raise
-        message = storage_lost_message(fault, os.environ.get("ARBENCH_SWEEP_WORKER"))
         print(f"error: {scrub(message, secret_url(args))}", file=sys.stderr, flush=True)
-        return STORAGE_LOST_STATUS
+        return status
 
 
 if __name__ == "__main__":

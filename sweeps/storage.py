@@ -21,6 +21,7 @@ from optuna.storages import RDBStorage
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from sweeps.faults import is_locked, storage_fault, storage_lost_message
 from sweeps.retry import RetryStaleWithoutRungs
 from sweeps.secrets import masked, scrub
 
@@ -93,6 +94,9 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
                 time.sleep(0.5 * (attempt + 1))
                 continue
             first = text.splitlines()[0] if text else type(err).__name__
+            fault = storage_fault(err)
+            if fault is not None and is_locked(fault):  # not the URL's fault: say what to do
+                first = storage_lost_message(fault)
             raise StorageError(f"cannot open storage {masked(url)}: {scrub(first, url)}") \
                 from None
         if storage.engine.name == "sqlite":
