@@ -25,7 +25,7 @@ from pathlib import Path
 
 from arbench.checks import CliError, check_writable
 from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
-from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, scrub, worker_env
+from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
 from sweeps.storage import StorageError, open_storage
 
@@ -282,6 +282,9 @@ def secret_url(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if password(args.storage) and os.environ.get("ARBENCH_SWEEP_WORKER") is None:
+        print(f"note: --storage shows its password to every user of this machine (the process "
+              f"list); give the URL in ${ENV_VAR} or --storage-file instead", file=sys.stderr)
     try:
         commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
                     "save": cmd_save, "restore": cmd_restore}

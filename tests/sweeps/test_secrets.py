@@ -83,7 +83,11 @@ def test_an_unreachable_storage_is_named_without_its_password(tmp_path, how):
                              capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 2, (args, out.stderr[-2000:])
         assert "Traceback" not in out.stderr
-        assert out.stderr.startswith("error: cannot open storage postgresql://alice:***@")
+        *note, error = out.stderr.strip().splitlines()
+        assert error.startswith("error: cannot open storage postgresql://alice:***@")
+        assert note == (["note: --storage shows its password to every user of this machine "
+                         "(the process list); give the URL in $ARBENCH_STORAGE or "
+                         "--storage-file instead"] if how == "flag" else [])
         assert PASSWORD not in out.stdout + out.stderr, args
 
 
