@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -286,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: --storage shows its password to every user of this machine (the process "
               f"list); give the URL in ${ENV_VAR} or --storage-file instead", file=sys.stderr)
     try:
+        if not (math.isfinite(args.lock_timeout) and args.lock_timeout > 0):
+            raise CliError(f"--lock-timeout must be a positive number of seconds, got "
+                           f"{args.lock_timeout}")
         commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
                     "save": cmd_save, "restore": cmd_restore}
         return commands[args.command](args)

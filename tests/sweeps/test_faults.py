@@ -152,3 +152,11 @@ def test_a_storage_fault_is_found_in_the_chain_and_told_in_one_line():
     assert "\n" not in line
     locked = OperationalError("BEGIN", {}, DriverError("database is locked"))
     assert "stayed locked by another process" in storage_lost_message(locked)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_lock_timeout_must_be_a_positive_number(tmp_path, value):
+    out = sweep("status", "--lock-timeout", value, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: --lock-timeout must be a positive number of seconds, got {float(value)}"]
