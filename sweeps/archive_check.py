@@ -19,7 +19,7 @@ from optuna.distributions import CategoricalDistribution, json_to_distribution
 
 from sweeps.names import check_name, name_problem
 from sweeps.storage import StorageError
-from sweeps.worker import is_number, trial_name
+from sweeps.worker import is_lock_study, is_number, trial_name
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "WAITING")
 DIRECTIONS = ("maximize", "minimize")
@@ -142,6 +142,9 @@ def check_archive(path: Any, archive: dict[str, list[dict[str, Any]]]) -> None:
     first bad one (see the module's docstring)."""
     for study, records in archive.items():
         check_name(study, f"{path}: study", StorageError)
+        if is_lock_study(study):
+            raise StorageError(f"{path}: study {study} is a queueing lock, not a study (locks "
+                               "are never saved); nothing was restored")
         head, *trials = records
         try:
             check_study_line(head)

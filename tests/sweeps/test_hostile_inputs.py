@@ -59,6 +59,7 @@ def set_field(record, path, value):
     (0, "study", "..", "must not be . or .."),
     (0, "study", "a\0b", "must not contain NUL"),
     (0, "study", ["list"], "is not a sweep archive line"),
+    (0, "study", "_arbench_lock::s", "is a queueing lock, not a study"),
     (0, "directions", ["sideways"], "directions must be a list of maximize or minimize"),
     (1, "number", "0", "number must be an integer from 0 to 2147483647"),
     (1, "number", 2**40, "number must be an integer from 0 to 2147483647"),
