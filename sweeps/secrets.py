@@ -19,7 +19,6 @@ from arbench.checks import CliError
 
 ENV_VAR = "ARBENCH_STORAGE"
 """The environment variable that holds the storage URL (for the user, and for workers)."""
-STORAGE_OPTIONS = ("--storage", "--storage-file")
 _USERINFO = re.compile(r"(?P<head>://[^:/@\s]*:)(?P<password>[^@\s]*)(?P<tail>@)")
 
 
@@ -106,9 +105,6 @@ def argv_without_storage(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if token == "--":
-            out.append(token)
-            continue
         if _is_storage_option(token):
             skip = "=" not in token
             continue
@@ -125,5 +121,5 @@ def worker_env(env: dict[str, str], url: str | None) -> dict[str, str]:
     return out
 
 
-__all__ = ["ENV_VAR", "STORAGE_OPTIONS", "argv_without_storage", "given_storage", "masked",
+__all__ = ["ENV_VAR", "argv_without_storage", "given_storage", "masked",
            "password", "read_storage_file", "scrub", "worker_env"]
