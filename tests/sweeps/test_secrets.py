@@ -105,14 +105,17 @@ def worker_processes(parent: int) -> list[int]:
 
 
 def watch_workers(proc: subprocess.Popen, timeout: float = 240) -> list[tuple[bytes, bytes]]:
-    """``(cmdline, environ)`` of each worker process ``proc`` starts, read while it runs."""
+    """``(cmdline, environ)`` of each worker process ``proc`` starts, read while it runs (once
+    the worker runs its own program: between fork and exec a child still shows its parent's
+    command line and environment)."""
     seen: dict[int, tuple[bytes, bytes]] = {}
     deadline = time.time() + timeout
     while proc.poll() is None and time.time() < deadline:
         for pid in worker_processes(proc.pid):
             try:
-                seen.setdefault(pid, (Path(f"/proc/{pid}/cmdline").read_bytes(),
-                                      Path(f"/proc/{pid}/environ").read_bytes()))
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                if b"ARBENCH_SWEEP_WORKER=" in environ:  # exec'd: its own environment
+                    seen[pid] = (Path(f"/proc/{pid}/cmdline").read_bytes(), environ)
             except OSError:
                 continue
         time.sleep(0.2)
