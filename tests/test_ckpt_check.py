@@ -66,3 +66,23 @@ def test_weights_only_false_is_refused(in_tmp, capsys, trained):
     line = one_error(capsys, ["fit", *P4, *FAST, "--weights_only", "false", "--ckpt_path",
                               str(trained / "p4" / "checkpoints" / "last.ckpt")])
     assert line.startswith("error: --weights_only false would let a checkpoint run code")
+
+
+def test_lightnings_own_resume_loads_tensors_only(in_tmp, trained):
+    """Below arbench's check: Lightning's ``fit(ckpt_path=...)`` with its default
+    ``weights_only`` (None: torch's default, True) refuses the payload too, as does the
+    sweeps worker's explicit ``weights_only=True``."""
+    import pickle
+
+    from arbench.cli import build_cli
+
+    marker = in_tmp / "MARKER"
+    path = hostile_checkpoint(in_tmp / "evil.ckpt", marker,
+                              base=trained / "p4" / "checkpoints" / "last.ckpt")
+    cli = build_cli([*P4, *FAST, f"--trainer.logger.init_args.save_dir={in_tmp / 'runs'}"],
+                    run=False)
+    for weights_only in (None, True):
+        with pytest.raises(pickle.UnpicklingError, match="Unsupported global"):
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(path),
+                            weights_only=weights_only)
+    assert not marker.exists()
