@@ -10,6 +10,8 @@ training-only keys (``lr``, ``seed``, ...) when validating or testing.
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +32,49 @@ def last_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def load_tensors(path: str | Path, what: str, error: type[Exception] = CliError,
+                 kind: str = "checkpoint") -> Any:
+    """``torch.load`` of ``path`` with ``weights_only=True``: tensors, numbers, strings and
+    containers of them, on the CPU. A file whose unpickling would build any other object
+    (and so could run code) is refused before anything of it runs; it, and a file torch cannot
+    read, raise ``error`` with one line that starts with ``what`` (e.g. ``--ckpt_path X``);
+    ``kind`` names what the file should be."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        unsafe = _UNSAFE_GLOBAL.search(str(err))
+        if unsafe:
+            raise error(f"{what} refused: it holds an object other than tensors and plain "
+                        f"values ({unsafe.group(1)}), which loading could use to run code; "
+                        "only files written by arbench's own torch.save are loaded") from None
+        raise error(_unreadable(what, kind, err)) from None
+    except Exception as err:  # torch raises many kinds for a truncated or foreign file
+        raise error(_unreadable(what, kind, err)) from None
+
+
+def _unreadable(what: str, kind: str, err: Exception) -> str:
+    """One line for a file torch cannot read; the weights-only unpickler's own reason when it
+    gives one (its message starts with a long preamble)."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    lines = text.split(". ")[0].splitlines()
+    reason = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return f"{what} is not a readable {kind} (truncated, or not written by torch.save: {reason})"
+
+
 def read_checkpoint(path: str, option: str, error: type[Exception] = CliError,
                     missing: str = "{option} {path}: no such file") -> dict[str, Any]:
-    """The Lightning checkpoint at ``path`` (tensors only, on the CPU), given as ``option``;
-    raises ``error`` with one line for a missing file (``missing``, formatted with ``option``
-    and ``path``), one torch cannot read, or one without a ``state_dict``."""
+    """The Lightning checkpoint at ``path`` (tensors only, on the CPU: :func:`load_tensors`),
+    given as ``option``; raises ``error`` with one line for a missing file (``missing``,
+    formatted with ``option`` and ``path``), one that would run code when unpickled, one
+    torch cannot read, or one without a ``state_dict``."""
     if not Path(path).is_file():
         raise error(missing.format(option=option, path=path))
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many kinds for a truncated or foreign file
-        text = str(err).strip().split(". ")[0].splitlines()
-        reason = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-        raise error(f"{option} {path} is not a readable checkpoint (truncated, or not "
-                    f"written by torch.save: {reason})") from None
+    ckpt = load_tensors(path, f"{option} {path}", error)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise error(f"{option} {path} is not a Lightning checkpoint (no state_dict)")
     return ckpt

@@ -138,6 +138,9 @@ class ArbenchCLI(LightningCLI):
         for save_dir in _logger_dirs(cfg.trainer.get("logger")):
             check_writable(save_dir, "--trainer.logger.init_args.save_dir")
         ckpt_path = cfg.get("ckpt_path")
+        if cfg.get("weights_only") is False:
+            raise CliError("--weights_only false would let a checkpoint run code when it is "
+                           "loaded: arbench loads checkpoints as tensors only (leave it out)")
         if ckpt_path == "last":
             ckpt_dir = _checkpoint_dir(cfg)
             if ckpt_dir is None:

@@ -5,13 +5,18 @@
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
 before anything is written. A sweep that ends with failed points exits with status 1 and
-names the first failure; ``--retry-failed`` queues those points again.
+names the first failure; ``--retry-failed`` queues those points again. A storage that stops
+answering mid-command (a database restart, a lock held too long) prints one line and exits
+with status 3 (:mod:`sweeps.faults`); rerunning the command resumes. The storage URL may come
+from ``$ARBENCH_STORAGE`` or ``--storage-file``, and is shown with its password masked
+(:mod:`sweeps.secrets`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -20,6 +25,8 @@ import time
 from pathlib import Path
 
 from arbench.checks import CliError, check_writable
+from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
+from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
 from sweeps.storage import StorageError, open_storage
 
@@ -36,7 +43,15 @@ def _die_with_parent() -> None:
 
 
 def _storage_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--storage", help="Optuna RDB URL (default sqlite:///runs/sweeps.db)")
+    ap.add_argument("--storage", help=f"Optuna RDB URL (default: ${ENV_VAR}, else the spec's "
+                                      "storage:, else sqlite:///runs/sweeps.db); a URL with a "
+                                      f"password is better given by --storage-file or "
+                                      f"${ENV_VAR}, which the process list does not show")
+    ap.add_argument("--storage-file", metavar="PATH",
+                    help="a file whose first line is the storage URL")
+    ap.add_argument("--lock-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="SQLite: seconds to wait for another process's write lock before "
+                         "stopping (default 120)")
     ap.add_argument("--heartbeat", type=int, default=30, help="seconds between heartbeats")
     ap.add_argument("--grace", type=int, default=120,
                     help="seconds without heartbeat before a running trial counts as dead")
@@ -112,15 +127,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         for spec in specs:
             validate_points(spec)
-    storages = [open_storage(args.storage or spec.storage, args.heartbeat, args.grace)
-                for spec in specs]
-    return max(run_spec(spec, storage, args, i)
-               for i, spec, storage in zip(indices, specs, storages))
+    given = given_storage(args.storage, args.storage_file)
+    urls = [given or spec.storage for spec in specs]
+    storages = [open_storage(url, args.heartbeat, args.grace, lock_timeout=args.lock_timeout)
+                for url in urls]
+    return max(run_spec(spec, storage, args, i, url)
+               for i, spec, storage, url in zip(indices, specs, storages, urls))
 
 
-def run_spec(spec, storage, args: argparse.Namespace, index: int) -> int:
+def start_workers(args: argparse.Namespace, index: int, url: str | None) -> list:
+    """The ``--workers`` - 1 other worker processes of spec ``index``: this command's
+    arguments less the storage options, the storage URL in ``$ARBENCH_STORAGE``
+    (:mod:`sweeps.secrets`), so no process list shows it."""
+    argv = argv_without_storage(sys.argv[1:])
+    children = []
+    for i in range(1, args.workers):
+        env = {**worker_env(dict(os.environ), url), "ARBENCH_SWEEP_WORKER": f"w{i}",
+               "ARBENCH_SWEEP_SPEC": str(index)}
+        children.append(subprocess.Popen([sys.executable, "-m", "sweeps", *argv],
+                                         env=env, preexec_fn=_die_with_parent))
+    return children
+
+
+def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | None = None) -> int:
     """Run one spec's sweep (in the parent: queue its grid, start the other workers, widen);
-    returns the exit status."""
+    returns the exit status. ``url``: the storage's URL, handed to the workers."""
     import torch
 
     from sweeps.worker import enqueue_grid, make_study, work
@@ -138,16 +169,13 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int) -> int:
               f"{args.workers} worker(s), {threads} thread(s) each", flush=True)
     ran, codes = 0, []
     while True:
-        children = []
-        if worker_id is None and args.workers > 1:
-            for i in range(1, args.workers):
-                env = {**os.environ, "ARBENCH_SWEEP_WORKER": f"w{i}",
-                       "ARBENCH_SWEEP_SPEC": str(index)}
-                children.append(subprocess.Popen([sys.executable, "-m", "sweeps",
-                                                  *sys.argv[1:]],
-                                                 env=env, preexec_fn=_die_with_parent))
-        ran += work(spec, storage, Path(args.runs), worker_id or "w0", max_trials=args.trials)
-        codes += [c.wait() for c in children]
+        children = start_workers(args, index, url) \
+            if worker_id is None and args.workers > 1 else []
+        try:
+            ran += work(spec, storage, Path(args.runs), worker_id or "w0",
+                        max_trials=args.trials)
+        finally:  # the workers report a lost storage themselves; never orphan them
+            codes += [c.wait() for c in children]
         if worker_id is not None or not args.widen or args.trials:
             break
         if len(spec.lr) < 2:
@@ -199,8 +227,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, args.profile)
     check_writable(args.out, "--out")
-    storage = open_storage(args.storage or spec.storage, args.heartbeat, args.grace,
-                           must_exist=True)
+    storage = open_storage(given_storage(args.storage, args.storage_file) or spec.storage,
+                           args.heartbeat, args.grace, must_exist=True,
+                           lock_timeout=args.lock_timeout)
     if spec.study not in optuna.get_all_study_names(storage):
         raise StorageError(f"study {spec.study} has not run in this storage: nothing to report "
                            f"(start it with `python -m sweeps run {args.spec}`)")
@@ -212,7 +241,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from sweeps.report import status_lines
 
-    storage = open_storage(args.storage, args.heartbeat, args.grace, must_exist=True)
+    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
+                           args.grace, must_exist=True, lock_timeout=args.lock_timeout)
     for line in status_lines(storage):
         print(line)
     return 0
@@ -221,7 +251,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_save(args: argparse.Namespace) -> int:
     from sweeps.archive import save
 
-    storage = open_storage(args.storage, args.heartbeat, args.grace, must_exist=True)
+    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
+                           args.grace, must_exist=True, lock_timeout=args.lock_timeout)
     check_writable(str(Path(args.archive).parent), "archive folder")
     for name, n in save(storage, Path(args.archive)).items():
         print(f"saved {name}: {n} trial(s)")
@@ -232,7 +263,8 @@ def cmd_save(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from sweeps.archive import restore
 
-    storage = open_storage(args.storage, args.heartbeat, args.grace)
+    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
+                           args.grace, lock_timeout=args.lock_timeout)
     added, skipped = restore(Path(args.archive), storage)
     for name, n in added.items():
         print(f"restored {name}: {n} trial(s)")
@@ -241,15 +273,38 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def secret_url(args: argparse.Namespace) -> str | None:
+    """The storage URL the user gave (to mask in messages), or None if it cannot be read."""
+    try:
+        return given_storage(args.storage, args.storage_file)
+    except CliError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if password(args.storage) and os.environ.get("ARBENCH_SWEEP_WORKER") is None:
+        print(f"note: --storage shows its password to every user of this machine (the process "
+              f"list); give the URL in ${ENV_VAR} or --storage-file instead", file=sys.stderr)
     try:
+        if not (math.isfinite(args.lock_timeout) and args.lock_timeout > 0):
+            raise CliError(f"--lock-timeout must be a positive number of seconds, got "
+                           f"{args.lock_timeout}")
         commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
                     "save": cmd_save, "restore": cmd_restore}
         return commands[args.command](args)
-    except (SpecError, StorageError, CliError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        worker = os.environ.get("ARBENCH_SWEEP_WORKER")
+        fault = storage_fault(err)
+        # a worker's storage answered its parent a moment ago: failing to open it is a loss
+        if fault is not None and (worker or not isinstance(err, StorageError)):
+            message, status = storage_lost_message(fault, worker), STORAGE_LOST_STATUS
+        elif isinstance(err, (SpecError, StorageError, CliError)):
+            message, status = str(err), 2
+        else:
+            raise
+        print(f"error: {scrub(message, secret_url(args))}", file=sys.stderr, flush=True)
+        return status
 
 
 if __name__ == "__main__":

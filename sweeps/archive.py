@@ -16,7 +16,8 @@ without the rung values the pruner had recorded for it (``sweeps.retry``): it is
 on its new run.
 Saving merges: studies the archive holds and the storage does not are kept. Restoring adds the
 archive's studies the storage lacks, each trial under its own number, and leaves studies the
-storage already has as they are.
+storage already has as they are. An archive may come from someone else: restore checks every
+line first (:mod:`sweeps.archive_check`) and restores nothing if one is malformed.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ def read_archive(path: Path) -> dict[str, list[dict[str, Any]]]:
         try:
             record = json.loads(line)
             study = record["study"]
-        except (json.JSONDecodeError, TypeError, KeyError):
+            if not isinstance(study, str):
+                raise TypeError(study)
+        except (ValueError, TypeError, KeyError, RecursionError):  # JSON, digits, nesting
             raise StorageError(f"{path}:{i} is not a sweep archive line "
                                "(write archives with `python -m sweeps save`)") from None
         out.setdefault(study, []).append(record)
@@ -142,7 +145,10 @@ def save(storage: Any, path: Path) -> dict[str, int]:
 def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
     """Add the archive's studies that ``storage`` lacks; returns ``({study: trials added},
     [studies left as they were because the storage has them])``."""
+    from sweeps.archive_check import check_archive
+
     archive = read_archive(Path(path))
+    check_archive(path, archive)  # all of it first: a bad line restores nothing
     present = set(optuna.get_all_study_names(storage))
     added: dict[str, int] = {}
     skipped = sorted(name for name in archive if name in present)

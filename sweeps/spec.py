@@ -50,6 +50,8 @@ from typing import Any
 
 import yaml
 
+from sweeps.names import check_name
+
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
            "n_trials", "pruner", "args", "profiles", "storage", "description", "plots",
@@ -207,6 +209,8 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
             raise SpecError(f"plots[{i}].marker_by must be method (a marker shape per method)")
         if not isinstance(plot.get("where", {}), dict):
             raise SpecError(f"plots[{i}].where must map hparams (or a*b products) to values")
+        if "name" in plot:  # results/<study>/<name>.png
+            check_name(plot["name"], f"plots[{i}].name", SpecError)
     return list(value)
 
 
@@ -259,6 +263,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
         raise SpecError(f"unknown size {size!r}: no configs/sizes/{size}.yaml")
     if not isinstance(merged.get("study"), str) or not merged["study"]:
         raise SpecError("study must be a non-empty name")
+    check_name(merged["study"], "study", SpecError)  # runs/<study>/, results/<study>/
     grid = _check_grid(merged.get("grid"))
     if "config" in grid:  # a path, or a list of paths that compose
         grid = {**grid, "config": [[_resolve(x) for x in c] if isinstance(c, list) else
@@ -293,7 +298,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     description = merged.get("description") or ""
     if not isinstance(description, str):
         raise SpecError("description must be text")
-    return SweepSpec(path=path, study=merged["study"],
+    spec = SweepSpec(path=path, study=merged["study"],
                      configs=[_resolve(c) for c in merged.get("configs") or []],
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
                      metric=metric, direction=direction,
@@ -302,3 +307,31 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      plots=_check_plots(merged.get("plots")),
                      claims=_check_claims(merged.get("claims")), reuse=list(reuse),
                      description=" ".join(description.split()))
+    check_run_folders(spec)
+    return spec
+
+
+def _texts(value: Any) -> list[str]:
+    """The strings in a grid value (itself, or those in a list of values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+def check_run_folders(spec: SweepSpec) -> None:
+    """Every grid point's run folder (``runs/<study>/<point>/``, named by
+    :func:`sweeps.worker.trial_name`) is one plain folder name; a grid value with NUL or
+    another control character, or a point whose name would be too long, raises
+    :class:`SpecError` naming it."""
+    from sweeps.worker import trial_name
+
+    for key, values in spec.grid.items():
+        for value in values:
+            for text in _texts(value):
+                if any(ord(c) < 32 or ord(c) == 127 for c in text):
+                    raise SpecError(f"grid.{key} value {text!r} contains NUL or another "
+                                    "control character: it becomes part of a folder name")
+    for point in spec.points():
+        check_name(trial_name(point), "the run folder of grid point", SpecError)

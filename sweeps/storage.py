@@ -21,7 +21,9 @@ from optuna.storages import RDBStorage
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from sweeps.faults import is_locked, storage_fault, storage_lost_message
 from sweeps.retry import RetryStaleWithoutRungs
+from sweeps.secrets import masked, scrub
 
 DEFAULT_DB = Path("runs") / "sweeps.db"
 
@@ -61,11 +63,13 @@ def serialize_sqlite(engine: Engine) -> None:
 
 
 def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
-                 must_exist: bool = False) -> RDBStorage:
-    """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable.
+                 must_exist: bool = False, lock_timeout: float = 120.0) -> RDBStorage:
+    """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable
+    (the URL's password masked, :mod:`sweeps.secrets`).
 
     ``must_exist`` (for reading: report, status) refuses a SQLite file that does not exist
-    instead of creating an empty database."""
+    instead of creating an empty database. ``lock_timeout``: seconds a SQLite statement waits
+    for another process's write lock before it fails with "database is locked"."""
     url = url or default_url(create=not must_exist)
     path = sqlite_path(url)
     if must_exist and path is not None and not path.is_file():
@@ -73,7 +77,7 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
                            "(start a sweep with `python -m sweeps run SPEC`)")
     engine_kwargs = {}
     if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 120}}
+        engine_kwargs = {"connect_args": {"timeout": lock_timeout}}
     elif url.startswith("postgresql"):
         engine_kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -90,7 +94,11 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
                 time.sleep(0.5 * (attempt + 1))
                 continue
             first = text.splitlines()[0] if text else type(err).__name__
-            raise StorageError(f"cannot open storage {url}: {first}") from None
+            fault = storage_fault(err)
+            if fault is not None and is_locked(fault):  # not the URL's fault: say what to do
+                first = storage_lost_message(fault)
+            raise StorageError(f"cannot open storage {masked(url)}: {scrub(first, url)}") \
+                from None
         if storage.engine.name == "sqlite":
             serialize_sqlite(storage.engine)
         return storage

@@ -29,6 +29,7 @@ from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
 from arbench.noise import quiet_known_noise, quiet_resume_warning
+from sweeps.faults import storage_fault
 from sweeps.refs import resolve_refs
 from sweeps.retry import checkpoint_progress, replay_curve, without_rungs
 from sweeps.spec import SpecError, SweepSpec, make_pruner
@@ -361,6 +362,21 @@ def point_params(trial: optuna.Trial, spec: SweepSpec, storage: RDBStorage) -> d
     return params
 
 
+def point_problem(params: dict[str, Any], spec: SweepSpec) -> str | None:
+    """Why the queued point ``params`` is not one of the spec's, or None. Every key must be a
+    grid key of the spec and every value that is not a number one of the spec's values for it
+    (numbers may differ: ``--widen`` adds lrs, a grown grid adds seeds). A point from a
+    restored archive can therefore never pass ``main.py`` an option, a config file or a class
+    path the spec does not name."""
+    choices = spec.choices()
+    for key, value in params.items():
+        if key not in choices:
+            return f"its grid point sets {key}, which is not a grid key of {spec.path}"
+        if not is_number(value) and value not in choices[key]:
+            return f"its grid point's {key}={value!r:.80} is not a value {spec.path} lists"
+    return None
+
+
 def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
                   wall_time_s: float) -> None:
     """What a run the pruner stopped had done: its validations (``val_curve``, (step, value)
@@ -388,6 +404,12 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     from arbench.summary import summary_value
 
     params = point_params(trial, spec, storage)
+    problem = point_problem(params, spec)
+    if problem is not None:
+        trial.set_user_attr("fail_reason", problem)
+        study.tell(trial, state=TrialState.FAIL)
+        log(f"trial {trial.number}: FAILED ({problem})")
+        return
     name = trial_name(params)
     save_dir = runs_root / spec.study
     last = last_checkpoint(save_dir / name / "checkpoints")  # as main.py's --ckpt_path last
@@ -420,7 +442,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         config_text = cli.parser.dump(cli.config, skip_none=False)
         (Path(trainer.log_dir) / "config.yaml").write_text(config_text)
         trial.set_user_attr("config", config_text)  # reuse needs it once runs/ is gone
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+        # tensors only, as read_checkpoint read it above (a pickle could run code)
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, weights_only=True)
         summary = json.loads((Path(trainer.log_dir) / "summary.json").read_text())
     except optuna.TrialPruned:
         record_pruned(trial, storage, Path(trainer.log_dir), spent())
@@ -428,6 +451,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         log(f"trial {trial.number} {name}: pruned after {spent():.0f} s")
         return
     except Exception as err:
+        if storage_fault(err) is not None:
+            raise  # the database's fault, not the trial's: it stays running, resumed later
         trial.set_user_attr("fail_reason", one_line(err))
         study.tell(trial, state=TrialState.FAIL)
         log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")

@@ -122,18 +122,23 @@ def extract_from_teacher(model: RecallModel, layers: list[int], heads: list[int]
 def load_teacher(path: str | Path) -> RecallModel:
     """Load a Lightning checkpoint of ``arbench.lit.LitRecall`` and return its softmax model.
 
-    Raises ``ValueError`` (one line) for a missing or unreadable file, or a model without
-    softmax attention.
+    Raises ``ValueError`` (one line) for a missing or unreadable file, one whose unpickling
+    would build objects other than tensors and plain values (it could run code: loaded with
+    ``weights_only=True`` only), or a model without softmax attention.
     """
+    from arbench.ckpt_check import read_checkpoint
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"teacher checkpoint {path} does not exist")
+    read_checkpoint(str(path), "--teacher", ValueError)  # refuses a file that would run code
     try:
         lit = importlib.import_module("arbench.lit")
     except ImportError as exc:
         raise ValueError(f"loading a teacher checkpoint needs arbench.lit: {exc}") from exc
     try:
-        module = lit.LitRecall.load_from_checkpoint(str(path), map_location="cpu")
+        module = lit.LitRecall.load_from_checkpoint(str(path), map_location="cpu",
+                                                    weights_only=True)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"cannot load {path} as a LitRecall checkpoint: {first}") from exc

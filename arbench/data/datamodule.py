@@ -11,7 +11,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from arbench.checks import check_int
+from arbench.checks import CliError, check_int
+from arbench.ckpt_check import load_tensors
 from arbench.data.segments import (
     Segment,
     SegmentBatches,
@@ -22,6 +23,20 @@ from arbench.data.segments import (
     generate_segments,
 )
 from arbench.files import atomic_write
+
+
+def read_cache(path: Path, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``count`` ``(inputs, labels)`` tensor pairs of a data cache file, loaded tensors
+    only (:func:`arbench.ckpt_check.load_tensors`: a file that would run code is refused);
+    anything else raises :class:`CliError` with one line saying to delete the file."""
+    what = f"data cache file {path}"
+    stored = load_tensors(path, what, kind="data cache file")
+    if not (isinstance(stored, list) and len(stored) == count
+            and all(isinstance(pair, (list, tuple)) and len(pair) == 2
+                    and all(isinstance(t, torch.Tensor) for t in pair) for pair in stored)):
+        raise CliError(f"{what} does not hold {count} (inputs, labels) tensor pairs: delete it "
+                       "and the data is generated again")
+    return [(x, y) for x, y in stored]
 
 
 class ShardSampler(Sampler[int]):
@@ -136,7 +151,7 @@ class MQARDataModule(L.LightningDataModule):
             key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
             path = Path(self.cache_dir) / f"mqar-{split}-{key}.pt"
             if path.exists():
-                stored = torch.load(path)
+                stored = read_cache(path, len(segments))
                 return [SegmentData(seg, x, y) for seg, (x, y) in zip(segments, stored)]
         data = generate_segments(segments, self.vocab_size, self.seed, split, self.power_a,
                                  self.random_non_queries)

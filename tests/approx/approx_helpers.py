@@ -47,7 +47,9 @@ def fake_lit(monkeypatch, models: dict[str, object]) -> None:
             self.model = model
 
         @classmethod
-        def load_from_checkpoint(cls, path: str, map_location: str = "cpu") -> LitRecall:
+        def load_from_checkpoint(cls, path: str, map_location: str = "cpu",
+                                 weights_only: bool | None = None) -> LitRecall:
+            assert weights_only is True  # a teacher is loaded tensors only
             if path not in models:
                 raise RuntimeError("not a Lightning checkpoint")
             return cls(models[path])

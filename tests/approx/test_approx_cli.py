@@ -1,7 +1,9 @@
 import csv
 
 import pytest
+import torch
 from approx_helpers import fake_lit, tiny_model
+from hostile import hostile_checkpoint
 
 from arbench.approx.cli import main
 from arbench.approx.extract import extract_from_teacher
@@ -50,7 +52,7 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
 
 def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     ckpt = tmp_path / "teacher.ckpt"
-    ckpt.touch()
+    torch.save({"state_dict": {}}, ckpt)  # read tensors only before the (fake) Lightning
     model = tiny_model(["softmax"], n_layers=3, num_heads=2)
     fake_lit(monkeypatch, {str(ckpt): model})
     saved = tmp_path / "qk.pt"
@@ -75,18 +77,21 @@ def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     (["--synthetic", "--polish-steps", "-1"], "error: L-BFGS steps must be >= 0"),
     (["--synthetic", "--gtol", "-1"], "error: L-BFGS steps must be >= 0, gtol >= 0"),
     (["--synthetic", "--als-sweeps", "-2"], "error: ALS sweeps must be >= 0"),
+    (["--teacher", "{evil}"], "evil.ckpt refused: it holds an object other than tensors"),
 ])
 def test_bad_input_gives_one_line(args, message, tmp_path, monkeypatch, capsys):
     ckpt, linear = tmp_path / "t.ckpt", tmp_path / "l.ckpt"
-    ckpt.touch()
-    linear.touch()
+    for path in (ckpt, linear):
+        torch.save({"state_dict": {}}, path)
+    evil = hostile_checkpoint(tmp_path / "evil.ckpt", tmp_path / "MARKER")
     fake_lit(monkeypatch, {str(ckpt): tiny_model(["softmax"], n_layers=2),
                            str(linear): tiny_model(["conv", "linear"], n_layers=2)})
-    args = [a.format(ckpt=ckpt, linear=linear, tmp=tmp_path) for a in args]
+    args = [a.format(ckpt=ckpt, linear=linear, tmp=tmp_path, evil=evil) for a in args]
     assert main([*args, "--out", str(tmp_path / "o"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "MARKER").exists()  # the hostile teacher's code never ran
 
 
 def test_saved_extraction_needs_existing_layer(tmp_path, capsys):

@@ -81,8 +81,8 @@ def test_bad_layers_heads_and_models():
 
 def test_load_teacher(tmp_path, monkeypatch):
     good, bad = tmp_path / "good.ckpt", tmp_path / "bad.ckpt"
-    good.touch()
-    bad.touch()
+    for path in (good, bad):  # checkpoints of plain tensors, read before the (fake) Lightning
+        torch.save({"state_dict": {}}, path)
     teacher = tiny_model(["softmax"], n_layers=2)
     fake_lit(monkeypatch, {str(good): teacher, str(bad): tiny_model(["conv", "linear"])})
     assert load_teacher(good) is teacher
@@ -91,9 +91,12 @@ def test_load_teacher(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="does not exist"):
         load_teacher(tmp_path / "missing.ckpt")
     other = tmp_path / "other.ckpt"
-    other.touch()
+    torch.save({"state_dict": {}}, other)
     with pytest.raises(ValueError, match="cannot load .* as a LitRecall checkpoint"):
         load_teacher(other)
+    (tmp_path / "empty.ckpt").touch()
+    with pytest.raises(ValueError, match="--teacher .*empty.ckpt is not a readable checkpoint"):
+        load_teacher(tmp_path / "empty.ckpt")
 
 
 def test_load_qk_rejects_other_files(tmp_path):

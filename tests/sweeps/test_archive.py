@@ -105,7 +105,8 @@ def test_a_file_that_is_not_an_archive_is_one_line(tmp_path):
                                         '{"study": "s", "number": 0, "state": "COMPLETE"}\n')
     out = sweep("restore", "cut.jsonl", "--storage", url, cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert "cut.jsonl: study s has a trial line this code cannot read" in out.stderr
+    assert "cut.jsonl: study s, trial 0: a complete trial needs 1 value(s); nothing was " \
+        "restored" in out.stderr
     assert "s" not in optuna.get_all_study_names(url)  # nothing of it was kept
     out = sweep("save", "archive.jsonl", "--storage", f"sqlite:///{tmp_path / 'none.db'}",
                 cwd=tmp_path)
