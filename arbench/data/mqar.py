@@ -106,6 +106,24 @@ def sample_query_slots(num_rows: int, num_slots: int, k: int, power_a: float,
     return (slot_weight.log() + gumbel).topk(k, dim=1).indices
 
 
+def background(num_rows: int, seq_len: int, vocab_size: int, random_non_queries: bool,
+               gen: torch.Generator) -> torch.Tensor:
+    """``(num_rows, seq_len)`` inputs before anything is placed: random tokens from
+    ``[0, vocab_size)`` when ``random_non_queries``, else token 0."""
+    if random_non_queries:
+        return torch.randint(0, vocab_size, (num_rows, seq_len), generator=gen)
+    return torch.zeros(num_rows, seq_len, dtype=torch.long)
+
+
+def place_queries(inputs: torch.Tensor, query_pos: torch.Tensor, keys: torch.Tensor,
+                  answers: torch.Tensor) -> torch.Tensor:
+    """Write ``keys`` ``(b, k)`` into ``inputs`` ``(b, n)`` at ``query_pos`` ``(b, k)`` (in
+    place) and return the labels: ``answers`` there, ``IGNORE_INDEX`` elsewhere."""
+    inputs.scatter_(1, query_pos, keys)
+    labels = torch.full(inputs.shape, IGNORE_INDEX, dtype=torch.long)
+    return labels.scatter_(1, query_pos, answers)
+
+
 def generate_mqar(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size: int = 8192,
                   power_a: float = 0.01, random_non_queries: bool = True,
                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,13 +145,7 @@ def generate_mqar(num_examples: int, seq_len: int, num_kv_pairs: int, vocab_size
     slots = sample_query_slots(b, (seq_len - context) // 2, n, power_a, gen)
     query_pos = context + 2 * slots
 
-    if random_non_queries:
-        inputs = torch.randint(0, vocab_size, (b, seq_len), generator=gen)
-    else:
-        inputs = torch.zeros(b, seq_len, dtype=torch.long)
+    inputs = background(b, seq_len, vocab_size, random_non_queries, gen)
     inputs[:, 0:context:2] = keys
     inputs[:, 1:context:2] = values
-    inputs.scatter_(1, query_pos, keys)
-    labels = torch.full((b, seq_len), IGNORE_INDEX, dtype=torch.long)
-    labels.scatter_(1, query_pos, values)
-    return inputs, labels
+    return inputs, place_queries(inputs, query_pos, keys, values)

@@ -26,9 +26,10 @@ import torch
 
 from arbench.checks import check_int
 from arbench.data.mqar import (
-    IGNORE_INDEX,
+    background,
     check_key_value_vocab,
     check_power_a,
+    place_queries,
     sample_distinct,
     sample_query_slots,
 )
@@ -86,15 +87,9 @@ def generate_overwrite(num_examples: int, seq_len: int, num_kv_pairs: int, num_u
     slots = sample_query_slots(b, (seq_len - context) // 2, n, power_a, gen)
     query_pos = context + 2 * slots
 
-    if random_non_queries:
-        inputs = torch.randint(0, vocab_size, (b, seq_len), generator=gen)
-    else:
-        inputs = torch.zeros(b, seq_len, dtype=torch.long)
+    inputs = background(b, seq_len, vocab_size, random_non_queries, gen)
     inputs[:, 0:2 * n:2] = keys
     inputs[:, 1:2 * n:2] = first_values
     inputs[:, 2 * n:context:2] = keys.gather(1, updated)
     inputs[:, 2 * n + 1:context:2] = new_values
-    inputs.scatter_(1, query_pos, keys)
-    labels = torch.full((b, seq_len), IGNORE_INDEX, dtype=torch.long)
-    labels.scatter_(1, query_pos, last_values)
-    return inputs, labels
+    return inputs, place_queries(inputs, query_pos, keys, last_values)
