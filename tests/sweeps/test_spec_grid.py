@@ -38,7 +38,7 @@ def test_bf16_parity_pairs_each_method_with_its_lrs():
 
 @pytest.mark.parametrize("name", ["long_p_ablation", "long_based_vs_llops", "frontier",
                                   "long_noise", "long_noise_repeat", "calibration_long",
-                                  "long_warmstart_based", "long_warmstart"])
+                                  "long_warmstart_based", "long_warmstart", "calibration_long_6k"])
 def test_long_profile_specs_load(name):
     spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
     assert spec.profile == "long" and spec.points()
