@@ -186,6 +186,7 @@ def rows(spec: SweepSpec, storage: Any) -> list[dict[str, Any]]:
                             for t in trials},
             "curves": [t.user_attrs.get("val_curve") or [] for t in trials],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
+            "slice_values": {k: list(v) for k, v in sorted(slices.items())},
             "example_acc": examples, "token_acc": tokens,
             "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
@@ -551,7 +552,7 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
             name = variant_name(hp)
         else:
             name = f"{series_key}={hp.get(series_key)}"
-        groups[name].append((float(hp[x_key]), 100 * r["mean"], 100 * r["std"]))
+        groups[name].append((float(hp[x_key]), *plotted_value(r, plot)))
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, pts in sorted(groups.items()):
         pts.sort()
@@ -559,7 +560,7 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
                     marker="o", capsize=3, label=name)
     if plot.get("xscale") == "log":
         log_x_axis(ax, {x for pts in groups.values() for x, _, _ in pts})
-    return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+    return finish_plot(fig, ax, x_key, y_label(plot),
                        plot.get("title", f"accuracy vs {x_key}"),
                        out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
 
@@ -579,7 +580,7 @@ def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Pa
     x_key, series_key = plot["x"], plot.get("series", "mixers")
     points = [(str(r["hparams"].get(series_key)),
                label({k: v for k, v in r["hparams"].items() if k != series_key}),
-               float(r["hparams"][x_key]), 100 * r["mean"], 100 * r["std"])
+               float(r["hparams"][x_key]), *plotted_value(r, plot))
               for r in plotted_rows(table, plot)]
     series = sorted({p[0] for p in points})
     methods = sorted({p[1] for p in points})
@@ -596,16 +597,36 @@ def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Pa
                                        label=f"{series_key}={s}") for s in series]
     handles += [matplotlib.lines.Line2D([], [], color="k", linestyle="none", marker=shapes[m],
                                         label=m) for m in methods]
-    return finish_plot(fig, ax, x_key, "accuracy % (mean ± std over seeds)",
+    return finish_plot(fig, ax, x_key, y_label(plot),
                        plot.get("title", f"accuracy vs {x_key}"),
                        out / f"{plot.get('name', 'acc_vs_' + x_key)}.png", handles=handles)
 
 
 def plotted_rows(table: list[dict[str, Any]], plot: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of ``table`` that have ``plot['x']`` and match ``plot['where']``."""
+    """The rows of ``table`` that have ``plot['x']`` and match ``plot['where']`` (and, with
+    ``plot['y']`` a slice, that have that slice)."""
     where = plot.get("where") or {}
+    y = plot.get("y")
     return [r for r in table if r["hparams"].get(plot["x"]) is not None
-            and all(_matches(r["hparams"], k, v) for k, v in where.items())]
+            and all(_matches(r["hparams"], k, v) for k, v in where.items())
+            and (y is None or r.get("slice_values", {}).get(y))]
+
+
+def y_label(plot: dict[str, Any]) -> str:
+    """The y axis of a plot: the objective's accuracy, or one slice's."""
+    where = f" on {plot['y']}" if plot.get("y") else ""
+    return f"accuracy{where} % (mean ± std over seeds)"
+
+
+def plotted_value(row: dict[str, Any], plot: dict[str, Any]) -> tuple[float, float]:
+    """A row's y as (mean, sample std) in percent over its best lr's runs: the objective, or
+    with ``plot['y']`` the accuracy on that slice (e.g. ``L1024_N256``)."""
+    y = plot.get("y")
+    if y is None:
+        return 100 * row["mean"], 100 * row["std"]
+    values = row["slice_values"][y]
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return 100 * statistics.fmean(values), 100 * std
 
 
 def log_x_axis(ax: Any, xs: set[float], rotation: int = 0) -> None:

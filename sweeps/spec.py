@@ -28,6 +28,7 @@ A spec::
       - {x: p, series: feature_map, name: acc_vs_p}
       - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
       - {x: state_size, series: mixers, marker_by: method}   # unjoined points, a shape per method
+      - {x: state_size, y: L1024_N256, marker_by: method}  # y: one slice's accuracy
 
 Grid aliases (:data:`ALIASES`): ``p``, ``m``, ``rank`` (the feature map's), ``d_model``, ``lr``
 (``model.lr``), ``seed`` (``seed_everything``) and ``precision`` (``trainer.precision``, e.g.
@@ -189,7 +190,7 @@ def _check_grid(grid: Any) -> dict[str, list[Any]]:
     return grid
 
 
-PLOT_KEYS = {"x", "series", "name", "xscale", "where", "title", "marker_by"}
+PLOT_KEYS = {"x", "y", "series", "name", "xscale", "where", "title", "marker_by"}
 
 
 def _check_plots(value: Any) -> list[dict[str, Any]]:

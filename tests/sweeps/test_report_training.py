@@ -100,3 +100,16 @@ def test_spec_objective_is_a_logged_accuracy(tmp_path):
     assert [p["trainer.precision"] for p in loaded.points()] == ["32-true", "bf16-mixed"]
     with pytest.raises(SpecError, match="objective.metric must be val/acc, val/example_acc"):
         spec({"metric": "train/loss"})
+
+
+def test_plot_of_one_slice_uses_its_per_seed_values():
+    from sweeps.report import plotted_rows, plotted_value, y_label
+
+    row = {"hparams": {"state_size": 10}, "mean": 0.5, "std": 0.1,
+           "slice_values": {"L1024_N256": [0.2, 0.4]}}
+    plain, hardest = {"x": "state_size"}, {"x": "state_size", "y": "L1024_N256"}
+    assert plotted_value(row, plain) == (50.0, 10.0)
+    mean, std = plotted_value(row, hardest)
+    assert mean == pytest.approx(30.0) and std == pytest.approx(100 * 0.1414, abs=0.01)
+    assert plotted_rows([row], {"x": "state_size", "y": "L64_N4"}) == []  # no such slice
+    assert y_label(hardest) == "accuracy on L1024_N256 % (mean ± std over seeds)"
