@@ -271,8 +271,9 @@ class LitRecall(L.LightningModule):
                       for p in m.parameters()}
         fm_params = [p for p in self.parameters() if id(p) in fm_ids and p.requires_grad]
         rest = [p for p in self.parameters() if id(p) not in fm_ids and p.requires_grad]
-        decay = [p for p in rest if p.dim() >= 2 or self.hparams.weight_decay_scope == "all"]
-        no_decay = [p for p in rest if p.dim() < 2 and self.hparams.weight_decay_scope != "all"]
+        decay_all = self.hparams.weight_decay_scope == "all"
+        decay = [p for p in rest if decay_all or p.dim() >= 2]
+        no_decay = [p for p in rest if not decay_all and p.dim() < 2]
         # fp16 loss scaling with a fused optimizer leaves no room for Lightning's clipping
         clipping = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision) in (
             "16-mixed", "16", "16-true")

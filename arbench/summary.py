@@ -8,12 +8,11 @@ exist, not the ones of the validation before.
 The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
 objective), per-slice accuracies at the best validation, the same for zoology's per-example
 accuracy ``val/example_acc`` (its own best validation, ``example_*`` keys), step, wall time,
-state size, parameter
-count, hyperparameters and checkpoint paths. Written atomically, so a crash never leaves it torn.
-The best and last validations and the wall time so far travel in the checkpoint, so a run resumed
-after a kill reports over all its validations, including those before the kill. So do the
-val/acc and training-loss curves behind the ``converged`` and ``collapsed_at`` verdicts
-(:mod:`arbench.curves`).
+state size, parameter count, hyperparameters and checkpoint paths. Written atomically, so a
+crash never leaves it torn. The best and last validations and the wall time so far travel in the
+checkpoint, so a run resumed after a kill reports over all its validations, including those
+before the kill. So do the val/acc and training-loss curves behind the ``converged`` and
+``collapsed_at`` verdicts (:mod:`arbench.curves`).
 """
 
 from __future__ import annotations

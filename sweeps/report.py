@@ -218,6 +218,11 @@ TRAINING_DEFAULTS = {"embedding_dropout": 0.0, "betas": "0.9,0.98",
                      "precision": "32-true"}
 """How a run trained when its hparams do not say (runs recorded before these were hparams)."""
 
+def with_training_defaults(hp: dict[str, Any]) -> dict[str, Any]:
+    """``hp`` with :data:`TRAINING_DEFAULTS` filled in where it holds no value."""
+    return {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
+
+
 ZOOLOGY_RECIPE = {"embedding_dropout": 0.1, "betas": "0.9,0.999", "weight_decay_scope": "all",
                   "lr_schedule": "zoology", "shuffle": False}
 """The hparams of ``configs/recipes/zoology.yaml``."""
@@ -227,7 +232,7 @@ def training_label(hp: dict[str, Any]) -> str:
     """How a row's runs were trained where it is not arbench's default, e.g.
     ``" zoology recipe bf16-mixed"``: the recipe switches (all of zoology's as one name), then
     the precision. Runs recorded before these were hparams count as the defaults."""
-    hp = {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
+    hp = with_training_defaults(hp)
     parts = []
     if all(hp[k] == v for k, v in ZOOLOGY_RECIPE.items()):
         parts.append("zoology recipe")
@@ -472,7 +477,7 @@ def _matches(hp: dict[str, Any], key: str, want: Any) -> bool:
     if key == "variant":
         name = variant_name(hp)
         return name in want if isinstance(want, list) else name == want
-    hp = {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
+    hp = with_training_defaults(hp)
     names = key.split("*")
     if any(hp.get(n) is None for n in names):
         return False
