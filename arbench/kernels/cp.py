@@ -6,7 +6,8 @@ References (what each must equal, value and gradient):
 - :func:`projected_power` equals :func:`arbench.featuremaps.projected_power` (``(x @ w)^p`` by
   the same left-to-right powering).
 
-The rows of ``x`` go through in blocks (:func:`cp_block_rows`, 512 by default): a block's
+The rows of ``x`` go through in blocks (:func:`cp_block_rows`; 512 rows by default in fp32, 4096
+in bf16): a block's
 projections ``(rows, k)`` are multiplied out while they are still in cache, and the backward is
 hand-written (:class:`BlockedMap`): the products' gradients without a stack of p tensors, ``∂x``
 written per block, ``∂w`` summed over blocks in :func:`~arbench.precision.accumulator_dtype`.
@@ -21,27 +22,42 @@ from contextvars import ContextVar
 import torch
 
 from arbench.checks import check_int
+from arbench.kernels.fused import fused_product, fused_product_grad, use_fused
 from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, kernel_dtype
 
 DEFAULT_BLOCK_ROWS = 512
-_BLOCK_ROWS: ContextVar[int] = ContextVar("cp_block_rows", default=DEFAULT_BLOCK_ROWS)
+"""Rows per block in fp32 and float64."""
+DEFAULT_LOW_PRECISION_BLOCK_ROWS = 4096
+"""Rows per block in bf16 and fp16, where the matmuls of few rows lose most (on a Xeon with
+AMX, one LLoPS p = 4 map's forward and backward at 16,384 rows: 56 ms at 512 rows per block,
+35 ms at 4096; results/README.md, "bf16")."""
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+_BLOCK_ROWS: ContextVar[tuple[int, int] | None] = ContextVar("cp_block_rows", default=None)
 
 
 @contextlib.contextmanager
-def cp_block_rows(rows: int) -> Iterator[None]:
-    """Run the blocked maps with blocks of ``rows`` rows (0: one block) inside the block.
-    ``python -m arbench.bench`` tunes this value (``--cp-block-rows``)."""
+def cp_block_rows(rows: int, low_precision: int | None = None) -> Iterator[None]:
+    """Run the blocked maps with blocks of ``rows`` rows (0: one block) inside the block; in
+    bf16 and fp16 with ``low_precision`` rows (None: ``rows`` too). ``python -m arbench.bench``
+    tunes ``rows`` (``--cp-block-rows``)."""
     check_int("cp block rows", rows, minimum=0)
-    token = _BLOCK_ROWS.set(rows)
+    low = rows if low_precision is None else low_precision
+    check_int("cp block rows (low precision)", low, minimum=0)
+    token = _BLOCK_ROWS.set((rows, low))
     try:
         yield
     finally:
         _BLOCK_ROWS.reset(token)
 
 
-def block_rows() -> int:
-    """The rows per block in effect here (:func:`cp_block_rows`; 0: one block)."""
-    return _BLOCK_ROWS.get()
+def block_rows(dtype: torch.dtype = torch.float32) -> int:
+    """The rows per block in effect here for inputs of ``dtype`` (:func:`cp_block_rows`, else
+    :data:`DEFAULT_BLOCK_ROWS` or :data:`DEFAULT_LOW_PRECISION_BLOCK_ROWS`; 0: one block)."""
+    low = dtype in LOW_PRECISION
+    chosen = _BLOCK_ROWS.get()
+    if chosen is None:
+        return DEFAULT_LOW_PRECISION_BLOCK_ROWS if low else DEFAULT_BLOCK_ROWS
+    return chosen[1] if low else chosen[0]
 
 
 def _product_into(out: torch.Tensor, factors: torch.Tensor) -> None:
@@ -104,6 +120,9 @@ class CPKind:
 
     def forward_into(self, out: torch.Tensor, proj: torch.Tensor, scratch: list) -> None:
         rows = proj.shape[0]
+        if use_fused(rows * self.width):
+            out.copy_(fused_product(proj, self.p, self.rank))
+            return
         factors = proj.view(rows, self.p, self.width)
         if self.rank == 1:
             _product_into(out, factors)
@@ -118,6 +137,8 @@ class CPKind:
     def grad_into(self, proj: torch.Tensor, grad_out: torch.Tensor,
                   scratch: list) -> torch.Tensor:
         rows = proj.shape[0]
+        if use_fused(rows * self.width):
+            return fused_product_grad(proj, grad_out, self.p, self.rank)
         if self.rank > 1:  # the rank sum passes the same gradient to every rank
             grad_out = grad_out.unsqueeze(1).expand(rows, self.rank, self.m).reshape(rows, -1)
         grad = scratch[0][:rows].view(rows, self.p, self.width)
@@ -235,7 +256,7 @@ def blocked_map(x: torch.Tensor, w: torch.Tensor, kind: Kind, m: int,
     x2 = x.reshape(-1, d).to(dtype).contiguous()
     w = w.to(dtype).contiguous()
     bias = None if bias is None else bias.to(dtype).contiguous()
-    block = (block_rows() if rows is None else rows) or max(x2.shape[0], 1)
+    block = (block_rows(dtype) if rows is None else rows) or max(x2.shape[0], 1)
     if torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad or (
             bias is not None and bias.requires_grad)):
         out = BlockedMap.apply(x2, w, bias, kind, m, block)
@@ -261,5 +282,6 @@ def projected_power(x: torch.Tensor, w: torch.Tensor, p: int,
     return blocked_map(x, w, PowerKind(p, w.shape[1]), w.shape[1], rows=rows)
 
 
-__all__ = ["DEFAULT_BLOCK_ROWS", "BlockedMap", "block_rows", "blocked_map", "cp_block_rows",
+__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_LOW_PRECISION_BLOCK_ROWS", "BlockedMap", "block_rows",
+           "blocked_map", "cp_block_rows",
            "cp_product", "projected_power"]

@@ -6,7 +6,12 @@ import torch
 
 from arbench import kernels
 from arbench.featuremaps import cp_product, cp_weights, int_power, projected_power
-from arbench.kernels.cp import DEFAULT_BLOCK_ROWS, block_rows, cp_block_rows
+from arbench.kernels.cp import (
+    DEFAULT_BLOCK_ROWS,
+    DEFAULT_LOW_PRECISION_BLOCK_ROWS,
+    block_rows,
+    cp_block_rows,
+)
 
 
 def definition(x, theta, bias=None):
@@ -83,6 +88,14 @@ def test_block_rows_is_a_context_value():
             assert block_rows() == 0
         assert block_rows() == 7
     assert block_rows() == DEFAULT_BLOCK_ROWS
+    assert block_rows(torch.bfloat16) == block_rows(torch.float16) == \
+        DEFAULT_LOW_PRECISION_BLOCK_ROWS
+    assert block_rows(torch.float64) == DEFAULT_BLOCK_ROWS
+    with cp_block_rows(7):  # one value for every dtype
+        assert block_rows(torch.bfloat16) == 7
+    with cp_block_rows(7, low_precision=64):
+        assert (block_rows(), block_rows(torch.bfloat16)) == (7, 64)
+    assert block_rows(torch.bfloat16) == DEFAULT_LOW_PRECISION_BLOCK_ROWS
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="cp block rows must be an integer >= 0"):
             with cp_block_rows(bad):
