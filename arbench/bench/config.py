@@ -25,8 +25,11 @@ class TrainSpec:
 
 P4_TRAIN = TrainSpec("p4", vocab=8192, d_model=128, m=256, p=4, batch=64, seq=64, pairs=4)
 CPU_TRAIN = TrainSpec("cpu", vocab=512, d_model=128, m=256, p=4, batch=64, seq=64, pairs=8)
+LONG_TRAIN = TrainSpec("long", vocab=2048, d_model=128, m=256, p=4, batch=64, seq=256, pairs=32)
+"""The ``long`` profile's most common training batch (256 tokens; 60k of its 105k examples)."""
 SMOKE_TRAIN = (TrainSpec("p4", vocab=64, d_model=16, m=16, p=4, batch=4, seq=32, pairs=4),
-               TrainSpec("cpu", vocab=32, d_model=8, m=8, p=2, batch=4, seq=32, pairs=4))
+               TrainSpec("cpu", vocab=32, d_model=8, m=8, p=2, batch=4, seq=32, pairs=4),
+               TrainSpec("long", vocab=64, d_model=8, m=8, p=2, batch=2, seq=64, pairs=8))
 
 
 def default_device() -> str:
@@ -89,7 +92,7 @@ class BenchConfig:
     rule_base: str = "llops_p2_t1"
     memory: bool = opt(True, help="measure peak memory")
     train: bool = opt(True, help="measure the training throughput")
-    train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN)
+    train_specs: tuple[TrainSpec, ...] = (P4_TRAIN, CPU_TRAIN, LONG_TRAIN)
     train_samples: int = opt(8, help="timed training steps per size and head", at_least=1)
     out_dir: str = opt("results/bench", help="output directory (smoke: results/bench_smoke)",
                        flag="--out")

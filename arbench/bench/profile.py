@@ -1,4 +1,4 @@
-"""Where the time goes: ``python -m arbench.bench.profile [--out results/bench] [--steps N]``.
+"""Where the time goes: ``python -m arbench.bench.profile [--out results/bench] [--steps N] [--bf16]``.
 
 Runs ``torch.profiler`` over a few calls of each case and writes ``profile.md`` (and
 ``profile.json``): per case, the self CPU time of every operator grouped into
@@ -11,11 +11,14 @@ Runs ``torch.profiler`` over a few calls of each case and writes ``profile.md`` 
   ``stack``, ``zeros``, ``empty``, ``clone``, ``contiguous``, padding),
 - ``other``: everything else (indexing, embedding, cross-entropy, autograd bookkeeping),
 
-plus the top operators. Cases: one training step of the p4 RecallModel (the benchmark's
-``p4`` size, answer head), and one attention layer forward and forward+backward at n = 8192 for
-LLoPS (p = 4, t = 1 and p = 6, t = 4, m = 256), BASED (r = 16) and Flatten (p = 4, m = 256),
-d = 128, chunk 128 (``--chunk``; the size ``python -m arbench.bench`` picked); n = 8192, where
-the profiled and benchmarked times agreed (results/kernels.md).
+plus the top operators. Cases: one training step of the RecallModel at each of the
+benchmark's training sizes (``p4``, ``cpu``, ``long``; answer head), and one attention layer
+forward and forward+backward at n = 8192 for LLoPS (p = 4, t = 1 and p = 6, t = 4, m = 256),
+BASED (r = 16) and Flatten (p = 4, m = 256), d = 128, chunk 128 (``--chunk``; the size
+``python -m arbench.bench`` picked); n = 8192, where the profiled and benchmarked times agreed
+(results/kernels.md). ``--bf16``: every case under
+bf16 autocast (fp32 weights, as ``--trainer.precision bf16-mixed`` trains), read against the
+bf16 matmul reference; the output files get a ``_bf16`` suffix.
 
 The matmul rate of a case bounds its fraction of peak: were every other operator free, the
 case would run at that rate (its FLOPs are almost all in the matmuls).
@@ -33,7 +36,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from arbench.bench.config import P4_TRAIN, BenchConfig
+from arbench.bench.config import CPU_TRAIN, LONG_TRAIN, P4_TRAIN, BenchConfig
 from arbench.bench.layers import build_layer, make_call, make_inputs, method_list
 from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
@@ -104,18 +107,23 @@ def profile_case(fn: Callable[[], None], calls: int) -> dict:
             "top": ops[:12]}
 
 
-def cases(steps: int, n: int, chunk: int) -> dict[str, tuple[Callable[[], None], int]]:
-    """Name → (callable, calls to profile)."""
+def cases(steps: int, n: int, chunk: int,
+          bf16: bool = False) -> dict[str, tuple[Callable[[], None], int]]:
+    """Name → (callable, calls to profile); under bf16 autocast when ``bf16``."""
     out: dict[str, tuple[Callable[[], None], int]] = {}
-    spec = P4_TRAIN
-    model = build_model(spec, "cpu")
-    opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)
-    x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=0)
-    out["p4 training step (answer head)"] = (make_step(model, opt, x, labels, "answer"), steps)
+    for spec in (P4_TRAIN, CPU_TRAIN, LONG_TRAIN):
+        model = build_model(spec, "cpu")
+        opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)
+        x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=0)
+        head = "answer_bf16" if bf16 else "answer"
+        out[f"{spec.name} training step ({head} head)"] = (
+            make_step(model, opt, x, labels, head), steps)
     cfg = BenchConfig(device="cpu")
     inputs = make_inputs(cfg, n)
     names = ("llops_p4_t1", "llops_p6_t4", f"based_r{cfg.based_r}", f"flatten_p{cfg.baseline_p}")
-    for method in method_list(replace(cfg, methods=names)):
+    for method in method_list(replace(cfg, methods=names, bf16=("all",) if bf16 else ())):
+        if method.bf16 != bf16:
+            continue
         layer = build_layer(method, cfg, chunk)
         for pass_ in ("fwd", "fwd_bwd"):
             out[f"{method.name} layer {pass_}, n={n}"] = (make_call(layer, inputs, pass_), 2)
@@ -128,7 +136,8 @@ def markdown(result: dict) -> str:
              f"- command: `{result['command']}`",
              f"- {result['threads']} threads, torch {result['torch']}, CPU allocator: "
              + ("glibc heap kept (`arbench.kernels.allocator`)" if result["heap_kept"] else "system"),
-             f"- fp32 matmul reference: {result['peak_gflops']:.1f} GFLOP/s (4096², median of 5)",
+             f"- {result.get('dtype', 'fp32')} matmul reference: {result['peak_gflops']:.1f} "
+             "GFLOP/s (4096², median of 5)",
              f"- layer cases: chunk {result['chunk']}",
              "- Profiling adds overhead per operator call; shares are what to read, not totals.",
              "- The last column bounds a case's fraction of peak: were every other operator "
@@ -160,6 +169,8 @@ class ProfileConfig:
     n: int = opt(8192, help="tokens of the layer cases", at_least=1)
     chunk: int = opt(128, help="chunk size of the layer cases (what the committed benchmark "
                                "run picked)", at_least=1)
+    bf16: bool = opt(False, help="every case under bf16 autocast, read against the bf16 matmul "
+                                 "reference (files profile_bf16.md / .json)")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -173,18 +184,21 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     heap_kept = keep_heap()
-    peak = matmul_throughput("cpu", 4096, 5)["median"]
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    peak = matmul_throughput("cpu", 4096, 5, dtype=dtype)["median"]
     result = {"command": "python -m arbench.bench.profile" + (f" {' '.join(argv)}" if argv else ""),
               "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "heap_kept": heap_kept, "peak_gflops": peak, "chunk": args.chunk, "cases": {}}
-    for name, (fn, calls) in cases(args.steps, args.n, args.chunk).items():
+              "heap_kept": heap_kept, "peak_gflops": peak, "chunk": args.chunk,
+              "dtype": "bf16" if args.bf16 else "fp32", "cases": {}}
+    for name, (fn, calls) in cases(args.steps, args.n, args.chunk, args.bf16).items():
         result["cases"][name] = profile_case(fn, calls)
         print(f"profiled {name}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.json").write_text(json.dumps(result, indent=1))
-    (out / "profile.md").write_text(markdown(result))
-    print(f"wrote {out}/profile.md")
+    stem = "profile_bf16" if args.bf16 else "profile"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
+    print(f"wrote {out}/{stem}.md")
     return result
 
 

@@ -32,7 +32,7 @@ from arbench.bench.report import write_outputs
 from arbench.bench.targets import target_checks
 from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
 from arbench.bench.training import measure_training
-from arbench.kernels import cp_block_rows, fla_backend, keep_heap
+from arbench.kernels import block_rows, cp_block_rows, fla_backend, keep_heap
 from arbench.machine import cpu_name
 from arbench.precision import native_bf16
 
@@ -126,7 +126,7 @@ def _with_block_rows(layer: torch.nn.Module, rows: int,
     """``call`` with ``cp_block_rows(rows)`` for its duration (``layer``: unused, the signature
     of :func:`_tune`'s ``wrap``)."""
     def run() -> None:
-        with cp_block_rows(rows):
+        with cp_block_rows(rows, low_precision=block_rows(torch.bfloat16)):
             call()
     return run
 
@@ -253,8 +253,8 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
         log(f"bf16 matmul {cfg.matmul_size}^2: {matmul_bf16['median']:.1f} GFLOP/s "
             f"(native bf16: {native_bf16(cfg.device)})")
     peaks = {"fp32": peak, "bf16": matmul_bf16["median"] if matmul_bf16 else math.nan}
-    blocks = tune_cp_block_rows(cfg, methods, log)
-    with cp_block_rows(blocks["chosen"]):
+    blocks = tune_cp_block_rows(cfg, methods, log)  # tuned in fp32; bf16 twins keep their own
+    with cp_block_rows(blocks["chosen"], low_precision=block_rows(torch.bfloat16)):
         chunk = tune_chunk_size(cfg, methods, log)
         layers = {m.name: build_layer(m, cfg, chunk["chosen"]) for m in methods}
         forms = check_forms(cfg, layers, methods, chunk["chosen"])
