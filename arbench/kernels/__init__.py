@@ -11,6 +11,12 @@ compares the two (value, gradient, the no-grad path, float64).
 | :func:`causal_conv` | :func:`arbench.mixers.causal_conv` |
 | :func:`keep_heap` (malloc setting) | glibc's defaults (``ARBENCH_MALLOC=system``) |
 
+Inside two of them, :mod:`arbench.kernels.fused` runs an elementwise chain as one compiled pass
+(``torch.compile``, inductor's C++ backend): the CP product and its gradient per block (every
+dtype; bit-identical to the eager chain in fp32) and, in bf16 and fp16 only, the short
+convolution and its gradient. :func:`arbench.kernels.fused.fused_kernels` switches them off
+(the eager chains run, as they do without a working C++ compiler).
+
 CUDA paths, where :func:`arbench.precision.use_cuda_kernels` holds (the same rule on a CUDA
 tensor):
 
