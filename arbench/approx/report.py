@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from arbench.approx.study import EXPLICIT, FITTED_OPTIMAL, FLOOR, Record
+from arbench.approx.records import EXPLICIT, FITTED_OPTIMAL, FLOOR, Record
 
 # SPEC §4: RMAE on layers 0 / 8 / 15 of the paper's softmax Transformer, and the mean.
 PAPER_RMAE: dict[tuple[int, str], tuple[float, float, float, float]] = {
