@@ -6,7 +6,7 @@ config to a running study's grid would fail its first new trial ("CategoricalDis
 not support dynamic value space"). :func:`extend_categorical_params` rewrites every recorded
 trial's distribution of such a param to the old choices followed by the new ones, keeping each
 trial's value, so that the new values can be queued. Numbers need no rewrite: they are
-recorded with one-value distributions (:func:`sweeps.worker.fixed_distribution`).
+recorded with one-value distributions (:func:`sweeps.params.fixed_distribution`).
 """
 
 from __future__ import annotations

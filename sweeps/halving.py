@@ -29,9 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.report import best_lr, by_point_and_lr
-
-Trials = list[optuna.trial.FrozenTrial]
+from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr
 
 
 @dataclass
@@ -66,7 +64,6 @@ def replay_bracket(runs: Trials, direction: str,
                    args: dict[str, Any]) -> dict[int, tuple[float, int, bool]]:
     """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner; returns
     ``{trial number: (value reached, steps spent, pruned)}``."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction=direction,
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(**args))
     out = {}
@@ -104,11 +101,11 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
         brackets: dict[Any, Trials] = defaultdict(list)
         for runs in by_lr.values():
             for t in runs:
-                brackets[t.params.get("seed_everything")].append(t)
+                brackets[t.params.get(SEED)].append(t)
         reached: dict[int, tuple[float, int, bool]] = {}
         for runs in brackets.values():
             key = (lambda t: t.number) if order is None else \
-                (lambda t: (order[t.params.get("model.lr")], t.number))
+                (lambda t: (order[t.params.get(LR)], t.number))
             reached |= replay_bracket(sorted(runs, key=key), direction, args)
         means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
                  for lr, runs in by_lr.items()}
@@ -119,7 +116,7 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
             steps_full=sum(int(t.user_attrs.get("global_step") or 0)
                            for runs in by_lr.values() for t in runs),
             steps_halving=sum(v[1] for v in reached.values()),
-            pruned={(lr, t.params.get("seed_everything")): reached[t.number][1]
+            pruned={(lr, t.params.get(SEED)): reached[t.number][1]
                     for lr, runs in by_lr.items() for t in runs if reached[t.number][2]}))
     return out
 
@@ -147,7 +144,7 @@ def order_checks(trials: Trials, direction: str, args: dict[str, Any],
     it is not one to trust."""
     done = with_curves(trials)
     longest = longest_run(done)
-    lrs = sorted({t.params.get("model.lr") for t in done})
+    lrs = sorted({t.params.get(LR) for t in done})
     orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
     out = []
     for fraction in fractions:

@@ -11,10 +11,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.report import best_lr, by_point_and_lr
+from sweeps.trials import FINISHED, SEED, best_lr, by_point_and_lr
 
 BEST = "best:"
-FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
 class RefError(ValueError):
@@ -36,7 +35,7 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
                        f"found {len(points)}")
     (by_lr,) = points.values()
     best = best_lr(by_lr, study.direction == optuna.study.StudyDirection.MAXIMIZE)
-    match = [t for t in by_lr[best] if t.params.get("seed_everything") == seed]
+    match = [t for t in by_lr[best] if t.params.get(SEED) == seed]
     if match and match[0].state == TrialState.PRUNED:
         raise RefError(f"best:{study_name}: its run with seed {seed} at its best lr {best:g} "
                        "was stopped by the pruner (run that study without one)")
@@ -56,7 +55,7 @@ def resolve_refs(params: dict[str, Any], storage: Any) -> dict[str, Any]:
     out = dict(params)
     for key, value in params.items():
         if isinstance(value, str) and value.startswith(BEST):
-            out[key] = best_checkpoint(value[len(BEST):], params.get("seed_everything"), storage)
+            out[key] = best_checkpoint(value[len(BEST):], params.get(SEED), storage)
     return out
 
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from sweeps.names import check_name
+from sweeps.names import check_name, trial_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
@@ -323,11 +323,9 @@ def _texts(value: Any) -> list[str]:
 
 def check_run_folders(spec: SweepSpec) -> None:
     """Every grid point's run folder (``runs/<study>/<point>/``, named by
-    :func:`sweeps.worker.trial_name`) is one plain folder name; a grid value with NUL or
+    :func:`sweeps.names.trial_name`) is one plain folder name; a grid value with NUL or
     another control character, or a point whose name would be too long, raises
     :class:`SpecError` naming it."""
-    from sweeps.worker import trial_name
-
     for key, values in spec.grid.items():
         for value in values:
             for text in _texts(value):

@@ -9,7 +9,7 @@ results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no 
 an edge (or each has N added lrs there).
 
 Grid numbers are recorded with one-value int/float distributions
-(:func:`sweeps.worker.suggest_fixed`), which Optuna lets differ between trials. A study
+(:func:`sweeps.params.fixed_distribution`), which Optuna lets differ between trials. A study
 recorded before that holds them as categorical choices, which Optuna keeps fixed per study;
 :func:`lift_numeric_params` converts those (losslessly) before a study is widened.
 """
@@ -26,14 +26,11 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
 
+from sweeps.queue import enqueue, queue_lock
 from sweeps.recorded_params import rewrite_params
-from sweeps.report import best_lr, by_point_and_lr, point_key
 from sweeps.spec import SweepSpec
-from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
-
-BUSY = (TrialState.WAITING, TrialState.RUNNING)
+from sweeps.trials import LR, UNFINISHED, best_lr, by_point_and_lr, grid_point, is_number, point_key
 
 
 def next_lr(lrs: list[float], low: bool) -> float:
@@ -46,7 +43,7 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
     """The trials (grid values with seed and lr) that widen every finished point whose best lr
     is at an edge of the lrs it tried."""
     trials = study.get_trials(deepcopy=False)
-    busy = {point_key(grid_point(t)) for t in trials if t.state in BUSY}
+    busy = {point_key(grid_point(t)) for t in trials if t.state in UNFINISHED}
     queued = []
     for point, by_lr in by_point_and_lr(trials).items():
         lrs = sorted(by_lr)
@@ -60,7 +57,7 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
         if len(beyond) >= max_added:
             continue
         new = next_lr(lrs, low)
-        queued += [{**grid_point(t), "model.lr": new} for t in by_lr[best]]
+        queued += [{**grid_point(t), LR: new} for t in by_lr[best]]
     return queued
 
 
@@ -86,8 +83,5 @@ def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str
         lift_numeric_params(storage, spec.study)
         study = optuna.load_study(study_name=spec.study, storage=storage)
         points = widened_points(study, spec, max_added)
-        reused = reuse_points(study, spec, points, storage)
-        for i, point in enumerate(points):
-            if i not in reused:
-                study.enqueue_trial(point, skip_if_exists=False)
+        enqueue(study, spec, storage, points)
     return points
