@@ -1,4 +1,6 @@
-"""``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
+"""The command line, ``python -m sweeps``: one command per call, each error one line.
+
+``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
 [--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
 ``python -m sweeps status``, ``python -m sweeps save|restore ARCHIVE`` (:mod:`sweeps.archive`).
 

@@ -1,5 +1,4 @@
-"""The ``main.py`` command of a grid point: its arguments, and a check that every point's
-command builds a model and data before a sweep starts."""
+"""The ``main.py`` command of a grid point, and a check that every point's command builds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""A study whose spec gains grid values after its first trials (e.g. a third config).
+"""Adding the grid values a spec gained after its study began to the recorded choices.
+
+A study whose spec gains grid values after its first trials (e.g. a third config).
 
 Optuna fixes a categorical param's choices per study: a trial may only record a config path
 with the exact choice list the study's first trial recorded it with, so a spec that adds a

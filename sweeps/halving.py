@@ -1,4 +1,4 @@
-"""Successive halving over the lr sub-grid, replayed on a finished grid (issue 13's cost rule).
+"""Successive halving over the lr sub-grid, replayed on a finished grid: ``halving.md``.
 
 Every completed run keeps its validation curve (``val_curve``, (step, val/acc) pairs). For each
 grid point and seed, the runs at the point's lrs form one bracket, fed in trial order (as one
@@ -11,11 +11,10 @@ steps halving would have spent. :func:`order_checks` replays it under every orde
 within a bracket, since a live sweep's order changes with retries and parallel workers.
 
 Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` half
-the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). On ``p_ablation`` a first
-rung at a sixth of the budget kept every point's best lr in only some orders of the lrs
-(``results/p_ablation/halving.md``). A study whose pruner ran live has no whole curves to
-replay, and a point of one lr nothing to halve: the report writes ``halving.md`` only for a
-study run without a pruner, and only over its points of two or more lrs.
+the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). A study whose pruner
+ran live has no whole curves to replay, and a point of one lr nothing to halve: the report
+writes ``halving.md`` only for a study run without a pruner, and only over its points of two
+or more lrs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Names that become folder and file names, and their checks: a study's (``runs/<study>/``,
+"""Names that become folder and file names (study, run folder, plot), and their checks.
+
+Names that become folder and file names, and their checks: a study's (``runs/<study>/``,
 ``results/<study>/``), a trial's run folder (``runs/<study>/<point>/``, :func:`trial_name`)
 and a plot's file.
 

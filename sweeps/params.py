@@ -1,5 +1,4 @@
-"""Grid values as Optuna params: the distribution each is recorded with, and the checks a
-queued point must pass before it runs.
+"""Grid values as Optuna params: their distributions, and the checks a queued point passes.
 
 Numbers get a one-value int or float distribution, which Optuna lets differ between trials, so
 a study can later gain lrs or seeds (:mod:`sweeps.widen`); other values (config paths) are

@@ -1,5 +1,8 @@
-"""Pruning a trial from inside its Lightning run, at every validation (not once per epoch),
-against the trials of its own bracket on a grid (:class:`BracketPruner`)."""
+"""Pruning a trial at every validation of its Lightning run, within its bracket on a grid.
+
+Pruning a trial from inside its Lightning run, at every validation (not once per epoch),
+against the trials of its own bracket on a grid (:class:`BracketPruner`).
+"""
 
 from __future__ import annotations
 

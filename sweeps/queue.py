@@ -1,5 +1,4 @@
-"""Queueing trials in the storage: the study's queue lock, grid points queued once (or
-recorded from a reused run), failed points queued again.
+"""Queueing trials in the storage: the queue lock, grid points (or reused runs), retries.
 
 Every grid point is queued as an Optuna WAITING trial under a short-lived lock study
 (:func:`queue_lock`), so concurrent starts never queue a point twice; workers then claim

@@ -1,7 +1,10 @@
-"""Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
+"""Resolving ``best:<study>`` grid values to another study's checkpoints.
+
+Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
 that study's run with this trial's seed, at the study's best learning rate (best mean over
 seeds). A two-stage protocol (train BASED, then continue from it) uses it for
-``model.init_from``; the other study must have finished and have one grid point."""
+``model.init_from``; the other study must have finished and have one grid point.
+"""
 
 from __future__ import annotations
 

@@ -13,9 +13,6 @@ A run the source study's pruner stopped stands for its point too, in a study tha
 as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so the new runs of
 its bracket are weighed against the same rung values as in the source study, and a bracket
 reused whole is decided as it was there. A study without a pruner trains those points.
-
-The saving is real across the shipped studies: ``p_ablation``'s p=4 runs are
-``based_vs_llops``'s LLoPS d=128 runs and ``diagnosis``'s baseline, its t=1 points ``rank``'s.
 """
 
 from __future__ import annotations

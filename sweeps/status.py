@@ -1,5 +1,4 @@
-"""``python -m sweeps status``: each study's trials by state, the hours of runs left, and
-what is running."""
+"""``python -m sweeps status``: each study's trials by state, hours left, what is running."""
 
 from __future__ import annotations
 

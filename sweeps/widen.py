@@ -1,4 +1,4 @@
-"""Widening a point's lr sub-grid where its best lr sits at an edge (issue 13's protocol).
+"""Widening a point's lr sub-grid where its best lr sits at an edge (``run --widen N``).
 
 A grid point whose trials have all finished and whose best lr (mean over seeds) is the lowest
 or the highest lr tried gets one more lr beyond that edge, a step as wide as the last one

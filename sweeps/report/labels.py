@@ -1,5 +1,8 @@
-"""Row names and hparam filters of the sweep reports: a row's label from its hparams, and
-whether its hparams match a ``where:`` / claim selector."""
+"""Row names and hparam filters of the sweep reports.
+
+Row names and hparam filters of the sweep reports: a row's label from its hparams, and
+whether its hparams match a ``where:`` / claim selector.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The spec's plots: accuracy against an hparam (one line per series, or a marker per
-method), or learning curves, over the rows of the table."""
+"""The spec's plots of a report: accuracy against an hparam, or learning curves.
+
+The spec's plots: accuracy against an hparam (one line per series, or a marker per
+method), or learning curves, over the rows of the table.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""``table.md`` and ``table.csv``: the rows (:mod:`sweeps.report.rows`) with the protocol's
-flags, the per-slice means, and the spec's claims checked seed by seed."""
+"""``table.md`` and ``table.csv``: the rows with the protocol's flags, and the claims.
+
+``table.md`` and ``table.csv``: the rows (:mod:`sweeps.report.rows`) with the protocol's
+flags, the per-slice means, and the spec's claims checked seed by seed.
+"""
 
 from __future__ import annotations
 
