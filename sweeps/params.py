@@ -26,8 +26,9 @@ def fixed_distribution(value: Any, options: list[Any],
                        recorded: BaseDistribution | None) -> BaseDistribution:
     """The distribution a queued grid value is recorded with: a one-value int or float
     distribution for a number, else categorical over ``options`` (the spec's values).
-    ``recorded``: the key's distribution in the study so far, if any (a study made before
-    numbers were recorded so keeps its categorical choices)."""
+    ``recorded``: the key's distribution in the study so far, if any. A key recorded as
+    categorical keeps its recorded choices (Optuna fixes them per study), numbers included:
+    a key whose values mix numbers and text is categorical once a text value came first."""
     if is_number(value) and not isinstance(recorded, CategoricalDistribution):
         if isinstance(value, int):
             return IntDistribution(value, value)

@@ -49,13 +49,6 @@ def queue_lock(storage: RDBStorage, study_name: str, timeout: float = 120.0) -> 
             pass
 
 
-def drop_legacy_locks(storage: RDBStorage, study_name: str) -> None:
-    """Delete the ``<study>::grid::<hash>`` lock studies older versions left for good."""
-    for name in optuna.get_all_study_names(storage):
-        if name.startswith(f"{study_name}::grid::"):
-            optuna.delete_study(study_name=name, storage=storage)
-
-
 def requeue(study: optuna.Study, failed: optuna.trial.FrozenTrial) -> None:
     """Queue a fresh WAITING trial of the failed trial's point, as the storage does for a
     stale trial (same params and ``fixed_params``, ``failed_trial`` naming the old one, no rung
@@ -103,7 +96,6 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
     categorical value) since the study began has it added to the recorded choices first
     (:mod:`sweeps.grow`)."""
     with queue_lock(storage, spec.study):
-        drop_legacy_locks(storage, spec.study)
         extend_categorical_params(storage, spec.study, spec.choices())
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
         queued = enqueue(study, spec, storage,

@@ -1,8 +1,8 @@
 """Rewriting the distributions a study's trials recorded their params with, keeping each value.
 
-Optuna checks a trial's params against the distributions earlier trials recorded; two sweep
-features change those distributions in place in an RDB storage: a grid that gains a
-categorical value (:mod:`sweeps.grow`) and lrs added beyond a grid's edge (:mod:`sweeps.widen`).
+Optuna checks a trial's params against the distributions earlier trials recorded; a grid
+that gains a categorical value (:mod:`sweeps.grow`) changes those distributions in place in
+an RDB storage.
 """
 
 from __future__ import annotations

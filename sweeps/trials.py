@@ -48,8 +48,8 @@ def lock_study_name(study_name: str) -> str:
 
 
 def is_lock_study(name: str) -> bool:
-    """A queueing lock, not a user's study (``::grid::`` ones are left by older versions)."""
-    return name.startswith(LOCK_PREFIX) or "::grid::" in name
+    """A queueing lock, not a user's study."""
+    return name.startswith(LOCK_PREFIX)
 
 
 def is_number(value: Any) -> bool:

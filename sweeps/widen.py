@@ -9,9 +9,8 @@ results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no 
 an edge (or each has N added lrs there).
 
 Grid numbers are recorded with one-value int/float distributions
-(:func:`sweeps.params.fixed_distribution`), which Optuna lets differ between trials. A study
-recorded before that holds them as categorical choices, which Optuna keeps fixed per study;
-:func:`lift_numeric_params` converts those (losslessly) before a study is widened.
+(:func:`sweeps.params.fixed_distribution`), which Optuna lets differ between trials, so a
+study can gain lrs.
 """
 
 from __future__ import annotations
@@ -19,18 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
 from optuna.storages import RDBStorage
 
 from sweeps.queue import enqueue, queue_lock
-from sweeps.recorded_params import rewrite_params
 from sweeps.spec import SweepSpec
-from sweeps.trials import LR, UNFINISHED, best_lr, by_point_and_lr, grid_point, is_number, point_key
+from sweeps.trials import LR, UNFINISHED, best_lr, by_point_and_lr, grid_point, point_key
 
 
 def next_lr(lrs: list[float], low: bool) -> float:
@@ -61,26 +53,10 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
     return queued
 
 
-def lift_numeric_params(storage: RDBStorage, study_name: str) -> int:
-    """Rewrite the study's categorical params whose choices are all numbers as one-value
-    int/float params with the same value; returns how many were rewritten."""
-
-    def lifted(name: str, dist: BaseDistribution, value: Any) -> BaseDistribution | None:
-        if not isinstance(dist, CategoricalDistribution) or \
-                not all(is_number(c) for c in dist.choices):
-            return None
-        return IntDistribution(value, value) if isinstance(value, int) \
-            else FloatDistribution(float(value), float(value))
-
-    return rewrite_params(storage, study_name, lifted)
-
-
 def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str, Any]]:
-    """Queue :func:`widened_points` (under the grid's queue lock; a study recorded with
-    categorical numbers is lifted first; a run a ``reuse:`` study has is recorded from it);
-    returns the widened points."""
+    """Queue :func:`widened_points` (under the grid's queue lock; a run a ``reuse:`` study has
+    is recorded from it); returns the widened points."""
     with queue_lock(storage, spec.study):
-        lift_numeric_params(storage, spec.study)
         study = optuna.load_study(study_name=spec.study, storage=storage)
         points = widened_points(study, spec, max_added)
         enqueue(study, spec, storage, points)

@@ -77,7 +77,6 @@ def test_queueing_lock_leaves_no_study_and_failed_points_are_found(tmp_path):
     storage = open_storage(url)
     spec = load_spec(write_spec(tmp_path, "lock", GRID4))
     study = make_study(spec, storage)
-    optuna.create_study(study_name="lock::grid::0123456789", storage=storage)  # older versions'
     assert enqueue_grid(study, spec, storage) == (4, 0)
     assert enqueue_grid(study, spec, storage) == (0, 0)
     assert optuna.get_all_study_names(storage) == ["lock"]
