@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
+from arbench.tables import write_csv
 from sweeps.spec import SweepSpec
 from sweeps.trials import LR, SEED, VARYING, Trials, run_value
 
@@ -43,10 +43,5 @@ def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
 def write_runs(spec: SweepSpec, trials: Trials, out: Path) -> Path:
     """``runs.csv``: :func:`run_rows`, one row per run."""
     runs = run_rows(spec, trials)
-    path = out / "runs.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(runs[0]) if runs else list(RUN_FIELDS))
-        writer.writeheader()
-        writer.writerows(runs)
-    return path
+    return write_csv(out / "runs.csv", runs, None if runs else RUN_FIELDS)
 

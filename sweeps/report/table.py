@@ -6,19 +6,21 @@ flags, the per-slice means, and the spec's claims checked seed by seed.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import statistics
 from pathlib import Path
 from typing import Any
 
+from arbench.tables import markdown_row, markdown_table, write_csv
 from sweeps.paper import paper_gain_text
 from sweeps.report.labels import label, matches_all
 from sweeps.spec import SweepSpec
 
 
 def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
+    """``table.md`` (a title, what the columns mean, a row per point, the claims) and
+    ``table.csv`` (the same rows as numbers) in ``out``."""
     slice_names = sorted({k for r in table for k in r["slices"]},
                          key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
     with_examples = any(r.get("example_acc") for r in table)  # runs since zoology's metric
@@ -44,7 +46,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
               + ("val/acc (micro accuracy over answer positions" if by_example else
                  "zoology's metric (mean over examples of each example's accuracy")
               + ", each run's best), mean ± std at the same lr." if with_examples else ""), "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          *markdown_table(header)]
     devices = sorted({d for r in table for d in r["devices"]})
     if devices:
         md[2:2] = [f"Device: {', '.join(devices)}.", ""]
@@ -61,7 +63,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
                  f"{r['wall_time_s']:.0f}"]
-        md.append("| " + " | ".join(str(c) for c in cells) + " |")
+        md.append(markdown_row(cells))
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
             "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
@@ -77,10 +79,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
                *claims_text(claims)]
     md_path, csv_path = out / "table.md", out / "table.csv"
     md_path.write_text("\n".join(md) + "\n")
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(csv_rows[0]) if csv_rows else ["method"])
-        writer.writeheader()
-        writer.writerows(csv_rows)
+    write_csv(csv_path, csv_rows, None if csv_rows else ["method"])
     return [md_path, csv_path]
 
 
