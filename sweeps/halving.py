@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from arbench.tables import markdown_row, markdown_table
 from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr
 
 
@@ -165,12 +166,13 @@ def order_text(checks: list[OrderCheck]) -> list[str]:
     lines = ["", "## Does the order of the lrs matter?", "",
              f"The same replay under every order of the lrs within each bracket "
              f"({len(checks[0].kept)} orders), with the first rung at several steps.", "",
-             "| first rung (step) | points keeping their best lr, per order | "
-             "orders keeping all | steps spent |", "|---|---|---|---|"]
+             *markdown_table(["first rung (step)", "points keeping their best lr, per order",
+                              "orders keeping all", "steps spent"])]
     for c in checks:
-        lines.append(f"| {c.min_resource} | {', '.join(str(k) for k in c.kept)} (of {c.points})"
-                     f" | {sum(k == c.points for k in c.kept)} of {len(c.kept)} | "
-                     f"{100 * min(c.spent):.0f}–{100 * max(c.spent):.0f}% |")
+        lines.append(markdown_row([
+            c.min_resource, f"{', '.join(str(k) for k in c.kept)} (of {c.points})",
+            f"{sum(k == c.points for k in c.kept)} of {len(c.kept)}",
+            f"{100 * min(c.spent):.0f}–{100 * max(c.spent):.0f}%"]))
     return lines
 
 
@@ -179,15 +181,15 @@ def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
     lines = [f"Successive halving replayed on each point's lr sub-grid, one bracket per seed "
              f"(`sweeps/halving.py`; {', '.join(f'{k}={v}' for k, v in sorted(args.items()))})."
              f" A run stopped by the pruner counts with the best val/acc it had reached.", "",
-             "| point | best lr (full grid) | best lr (halving) | same | steps full | "
-             "steps halving | runs stopped (lr, seed @ step) |", "|---|---|---|---|---|---|---|"]
+             *markdown_table(["point", "best lr (full grid)", "best lr (halving)", "same",
+                              "steps full", "steps halving", "runs stopped (lr, seed @ step)"])]
     for r in replays:
         name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r.point) or "all"
         stopped = "; ".join(f"{lr:g}, {seed} @ {step}" for (lr, seed), step in
                             sorted(r.pruned.items()))
-        lines.append(f"| {name} | {r.best_full:g} | {r.best_halving:g} | "
-                     f"{'yes' if r.best_full == r.best_halving else '**no**'} | "
-                     f"{r.steps_full} | {r.steps_halving} | {stopped or '-'} |")
+        lines.append(markdown_row([name, f"{r.best_full:g}", f"{r.best_halving:g}",
+                                   "yes" if r.best_full == r.best_halving else "**no**",
+                                   r.steps_full, r.steps_halving, stopped or "-"]))
     full = sum(r.steps_full for r in replays)
     kept = sum(r.best_full == r.best_halving for r in replays)
     if full:
