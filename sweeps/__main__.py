@@ -29,8 +29,9 @@ from pathlib import Path
 import optuna
 
 from arbench.checks import CliError, check_writable
-from arbench.noise import quiet_sweep_noise
+from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
 from sweeps.archive import restore, save
+from sweeps.command import validate_points
 from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
 from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
@@ -108,7 +109,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed points does not stop the next. Worker processes (``--workers``) are started for
     one spec at a time (``ARBENCH_SWEEP_SPEC`` names which)."""
     from arbench.kernels import keep_heap  # here: keeps torch out of CLI start-up
-    from arbench.noise import quiet_lightning_loggers
 
     quiet_lightning_loggers()
     keep_heap()
@@ -131,8 +131,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(set(studies)) < len(studies):
         raise SpecError(f"a study is named twice in {', '.join(studies)}")
     if os.environ.get("ARBENCH_SWEEP_WORKER") is None:
-        from sweeps.command import validate_points  # here: as run_spec's imports
-
         for spec in specs:
             validate_points(spec)
     given = given_storage(args.storage, args.storage_file)
