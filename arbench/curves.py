@@ -7,12 +7,10 @@
   first fell below :data:`COLLAPSE_LOW` (half) of its initial value and later climbed back above
   :data:`COLLAPSE_HIGH` (85%) of it; N is the step where it crossed back. The initial value is
   never taken below the loss of guessing at chance (ln vocab, when the caller knows the vocab):
-  a warm-started run begins already trained (a loss of 0.006), and its noise is not a collapse;
-  a collapse is a return to guessing. For a run trained from scratch, whose first losses are
-  about ln vocab, this changes nothing. A collapse is a status
-  of its own, distinct from a run that learned little (whose loss never halved). 85% rather than
-  90%: the LLoPS p=4 run at lr 1e-2 of the ``cpu`` profile (vocab 512) fell to 3.0 and climbed
-  back to 5.6, 0.897 × its initial ln 512.
+  a warm-started run begins already trained, and its noise is not a collapse; a collapse is a
+  return to guessing. For a run trained from scratch, whose first losses are about ln vocab,
+  this changes nothing. A collapse is a status of its own, distinct from a run that learned
+  little (whose loss never halved).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from arbench.defaults import DEFAULT_PRECISION, DEFAULT_SHUFFLE, recipe_hparams
 from arbench.featuremaps import FeatureMap
 from arbench.metrics import example_accuracy
 from arbench.model import RecallModel
@@ -24,19 +25,6 @@ from arbench.warmstart import warm_start
 
 WEIGHT_DECAY_SCOPES = ("matrices", "all")
 """``weight_decay_scope`` choices: decay matrices only, or every parameter (zoology)."""
-
-RECIPE_DEFAULTS = {"embedding_dropout": 0.0, "betas": (0.9, 0.98),
-                   "weight_decay_scope": "matrices", "lr_schedule": "cosine"}
-"""The training-recipe switches and their defaults (``configs/recipes/zoology.yaml`` sets
-zoology's: 0.1, (0.9, 0.999), ``all``, ``zoology``; data order: ``data.shuffle``)."""
-
-
-def recipe_hparams(hparams: dict) -> dict[str, float | str]:
-    """The recipe switches of ``hparams`` as flat hparams (``betas`` as ``"0.9,0.98"``)."""
-    out = {k: hparams.get(k, v) for k, v in RECIPE_DEFAULTS.items()}
-    out["betas"] = ",".join(f"{b:g}" for b in out["betas"])
-    return out
-
 
 class DivergenceError(RuntimeError):
     """Training produced a non-finite loss or gradient; the message names the step and quantity."""
@@ -162,8 +150,9 @@ class LitRecall(L.LightningModule):
             else fm_decay
         hp.update(recipe_hparams(self.hparams))
         trainer = getattr(self, "_trainer", None)
-        hp["precision"] = str(trainer.precision) if trainer is not None else "32-true"
-        hp["shuffle"] = bool(getattr(getattr(trainer, "datamodule", None), "shuffle", True))
+        hp["precision"] = str(trainer.precision) if trainer is not None else DEFAULT_PRECISION
+        hp["shuffle"] = bool(getattr(getattr(trainer, "datamodule", None), "shuffle",
+                                     DEFAULT_SHUFFLE))
         return hp
 
     def state_size(self) -> int:

@@ -14,6 +14,14 @@ Each filter matches one known message, so every other warning still shows:
 - Lightning's "The dirpath has changed from …" when ``validate`` or ``test`` loads a checkpoint
   from another folder (:func:`quiet_evaluation_dirpath_warning`): neither saves checkpoints,
   so the checkpoint callback's state it drops is never used.
+
+Sweeps (:func:`quiet_sweep_noise`, :func:`quiet_lightning_loggers`) also drop Optuna's
+``ExperimentalWarning`` (trial heartbeats are experimental) and its INFO log lines, its note
+that a categorical choice is a list (a grid value that is a list of config files is stored
+as JSON all the same), the trainer-construction and data-loader-workers hints Lightning gives
+every trial, and Lightning's INFO/WARNING log lines: a sweep prints one line per trial.
+
+Every process-wide warning filter of arbench and its sweeps is set here.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ _WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader",
     r"Precision bf16-mixed is not supported by the model summary",
+)
+_SWEEP_WARNINGS = (
+    r"Choices for a categorical distribution should",
+    r".*args parameter is intended",
+    r".*does not have many workers.*",
 )
 _LOG_MESSAGES = ("litlogger",)
 _RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
@@ -59,3 +72,23 @@ def quiet_resume_warning() -> None:
 def quiet_evaluation_dirpath_warning() -> None:
     """Silence "The dirpath has changed from …": call it only for ``validate`` and ``test``."""
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
+
+
+def quiet_sweep_noise() -> None:
+    """Install the sweep's filters (see above) and :func:`quiet_known_noise`; no Lightning
+    import, so ``sweeps status`` and ``report`` stay quick."""
+    import optuna  # here: main.py never needs Optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    for pattern in _SWEEP_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    quiet_known_noise()
+
+
+def quiet_lightning_loggers() -> None:
+    """Lightning's loggers at ERROR: trials print one line each."""
+    import lightning.pytorch  # noqa: F401  (here: configures its loggers on import; override after)
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)

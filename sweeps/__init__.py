@@ -1,1 +1,1 @@
-"""Optuna sweeps over arbench configs: ``python -m sweeps {run,report,status}``."""
+"""Optuna sweeps over arbench configs: ``python -m sweeps {run,report,status,save,restore}``."""

@@ -1,4 +1,6 @@
-"""``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
+"""The command line, ``python -m sweeps``: one command per call, each error one line.
+
+``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
 [--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
 ``python -m sweeps status``, ``python -m sweeps save|restore ARCHIVE`` (:mod:`sweeps.archive`).
 
@@ -24,11 +26,18 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
+
 from arbench.checks import CliError, check_writable
+from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
+from sweeps.archive import restore, save
+from sweeps.command import validate_points
 from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
 from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
+from sweeps.status import count_states, status_lines
 from sweeps.storage import StorageError, open_storage
+from sweeps.trials import failed_points
 
 DESCRIPTION = ("Optuna sweeps of main.py: run (or resume) a spec's grid, report its tables and "
                "plots, list the studies' trial counts.")
@@ -99,10 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs, so a bad one fails at the start rather than hours later; a sweep that ends with
     failed points does not stop the next. Worker processes (``--workers``) are started for
     one spec at a time (``ARBENCH_SWEEP_SPEC`` names which)."""
-    from arbench.kernels import keep_heap
-    from sweeps.worker import quiet_libraries
+    from arbench.kernels import keep_heap  # here: keeps torch out of CLI start-up
 
-    quiet_libraries()
+    quiet_lightning_loggers()
     keep_heap()
     if args.workers < 1:
         raise SpecError("--workers must be >= 1")
@@ -123,8 +131,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(set(studies)) < len(studies):
         raise SpecError(f"a study is named twice in {', '.join(studies)}")
     if os.environ.get("ARBENCH_SWEEP_WORKER") is None:
-        from sweeps.worker import validate_points
-
         for spec in specs:
             validate_points(spec)
     given = given_storage(args.storage, args.storage_file)
@@ -137,9 +143,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def start_workers(args: argparse.Namespace, index: int, url: str | None) -> list:
     """The ``--workers`` - 1 other worker processes of spec ``index``: this command's
-    arguments less the storage options, the storage URL in ``$ARBENCH_STORAGE``
-    (:mod:`sweeps.secrets`), so no process list shows it."""
-    argv = argv_without_storage(sys.argv[1:])
+    arguments (``args.argv``, as :func:`main` got them) less the storage options, the storage
+    URL in ``$ARBENCH_STORAGE`` (:mod:`sweeps.secrets`), so no process list shows it."""
+    argv = argv_without_storage(args.argv)
     children = []
     for i in range(1, args.workers):
         env = {**worker_env(dict(os.environ), url), "ARBENCH_SWEEP_WORKER": f"w{i}",
@@ -152,9 +158,13 @@ def start_workers(args: argparse.Namespace, index: int, url: str | None) -> list
 def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | None = None) -> int:
     """Run one spec's sweep (in the parent: queue its grid, start the other workers, widen);
     returns the exit status. ``url``: the storage's URL, handed to the workers."""
+    # here: keeps torch and Lightning out of the other commands' start-up
     import torch
 
-    from sweeps.worker import enqueue_grid, make_study, work
+    from sweeps.queue import enqueue_grid
+    from sweeps.study import make_study
+    from sweeps.widen import widen
+    from sweeps.worker import work
 
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
@@ -182,8 +192,6 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
             print(f"{spec.study}: no lr sub-grid of 2 or more lrs (its grid sets each lr), so "
                   "--widen does not apply to it", flush=True)
             break
-        from sweeps.widen import widen
-
         added = widen(spec, storage, args.widen)
         if not added:
             break
@@ -191,8 +199,6 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
         print(f"widening: {len(added)} run(s) at lr {', '.join(f'{x:g}' for x in lrs)} "
               f"where a point's best lr was at an edge", flush=True)
     if worker_id is None:
-        from sweeps.report import count_states
-
         counts = count_states(spec.study, storage)
         print(f"[{time.strftime('%F %T')}] study {spec.study}: " +
               ", ".join(f"{k} {v}" for k, v in counts.items()) +
@@ -204,11 +210,8 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
 
 def report_failures(study_name: str, storage, grid: bool) -> bool:
     """Print one ``error:`` line if points of the study ended failed; True if any did."""
-    import optuna
-
-    from sweeps.worker import failed_points
-
-    failed = failed_points(optuna.load_study(study_name=study_name, storage=storage))
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    failed = failed_points(study.get_trials(deepcopy=False))
     if not failed:
         return False
     first = failed[0]
@@ -221,9 +224,7 @@ def report_failures(study_name: str, storage, grid: bool) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import optuna
-
-    from sweeps.report import write_report
+    from sweeps.report import write_report  # here: keeps torch out of CLI start-up
 
     spec = load_spec(args.spec, args.profile)
     check_writable(args.out, "--out")
@@ -239,8 +240,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sweeps.report import status_lines
-
     storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
                            args.grace, must_exist=True, lock_timeout=args.lock_timeout)
     for line in status_lines(storage):
@@ -249,8 +248,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_save(args: argparse.Namespace) -> int:
-    from sweeps.archive import save
-
     storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
                            args.grace, must_exist=True, lock_timeout=args.lock_timeout)
     check_writable(str(Path(args.archive).parent), "archive folder")
@@ -261,8 +258,6 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from sweeps.archive import restore
-
     storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
                            args.grace, lock_timeout=args.lock_timeout)
     added, skipped = restore(Path(args.archive), storage)
@@ -282,7 +277,12 @@ def secret_url(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default: this process's arguments); returns the exit status.
+    Worker processes started by ``run`` get ``argv``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    args.argv = argv
+    quiet_sweep_noise()
     if password(args.storage) and os.environ.get("ARBENCH_SWEEP_WORKER") is None:
         print(f"note: --storage shows its password to every user of this machine (the process "
               f"list); give the URL in ${ENV_VAR} or --storage-file instead", file=sys.stderr)

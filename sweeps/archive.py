@@ -33,11 +33,10 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from arbench.files import atomic_write
+from sweeps.archive_check import check_archive
 from sweeps.retry import without_rungs
 from sweeps.storage import StorageError
-from sweeps.worker import is_lock_study
-
-UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
+from sweeps.trials import UNFINISHED, is_lock_study
 
 
 def _time(value: datetime.datetime | None) -> str | None:
@@ -145,8 +144,6 @@ def save(storage: Any, path: Path) -> dict[str, int]:
 def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
     """Add the archive's studies that ``storage`` lacks; returns ``({study: trials added},
     [studies left as they were because the storage has them])``."""
-    from sweeps.archive_check import check_archive
-
     archive = read_archive(Path(path))
     check_archive(path, archive)  # all of it first: a bad line restores nothing
     present = set(optuna.get_all_study_names(storage))

@@ -17,9 +17,9 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution, json_to_distribution
 
-from sweeps.names import check_name, name_problem
+from sweeps.names import check_name, name_problem, trial_name
 from sweeps.storage import StorageError
-from sweeps.worker import is_lock_study, is_number, trial_name
+from sweeps.trials import is_lock_study, is_number
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "WAITING")
 DIRECTIONS = ("maximize", "minimize")

@@ -1,4 +1,6 @@
-"""A storage that stops answering mid-sweep: a database restart, a dropped connection, or
+"""Telling a storage that stopped answering apart from a trial's failure, in one line.
+
+A storage that stops answering mid-sweep: a database restart, a dropped connection, or
 SQLite's "database is locked" after ``--lock-timeout`` seconds.
 
 Such a fault is no trial's failure: the trial that was running is not recorded as failed (its
@@ -10,6 +12,8 @@ command once the database answers again runs what is left.
 
 from __future__ import annotations
 
+from sqlalchemy import exc
+
 STORAGE_LOST_STATUS = 3
 """Exit status of a command whose storage went away."""
 
@@ -18,8 +22,6 @@ def storage_fault(err: BaseException) -> BaseException | None:
     """The error in ``err``'s chain (``__cause__``/``__context__``) that says the database is
     unreachable or locked (SQLAlchemy's ``OperationalError``, ``InterfaceError``,
     ``DisconnectionError``, or a driver error that invalidated its connection), or None."""
-    from sqlalchemy import exc
-
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:

@@ -1,4 +1,6 @@
-"""A study whose spec gains grid values after its first trials (e.g. a third config).
+"""Adding the grid values a spec gained after its study began to the recorded choices.
+
+A study whose spec gains grid values after its first trials (e.g. a third config).
 
 Optuna fixes a categorical param's choices per study: a trial may only record a config path
 with the exact choice list the study's first trial recorded it with, so a spec that adds a
@@ -6,7 +8,7 @@ config to a running study's grid would fail its first new trial ("CategoricalDis
 not support dynamic value space"). :func:`extend_categorical_params` rewrites every recorded
 trial's distribution of such a param to the old choices followed by the new ones, keeping each
 trial's value, so that the new values can be queued. Numbers need no rewrite: they are
-recorded with one-value distributions (:func:`sweeps.worker.fixed_distribution`).
+recorded with one-value distributions (:func:`sweeps.params.fixed_distribution`).
 """
 
 from __future__ import annotations

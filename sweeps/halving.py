@@ -1,4 +1,4 @@
-"""Successive halving over the lr sub-grid, replayed on a finished grid (issue 13's cost rule).
+"""Successive halving over the lr sub-grid, replayed on a finished grid: ``halving.md``.
 
 Every completed run keeps its validation curve (``val_curve``, (step, val/acc) pairs). For each
 grid point and seed, the runs at the point's lrs form one bracket, fed in trial order (as one
@@ -11,11 +11,10 @@ steps halving would have spent. :func:`order_checks` replays it under every orde
 within a bracket, since a live sweep's order changes with retries and parallel workers.
 
 Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` half
-the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). On ``p_ablation`` a first
-rung at a sixth of the budget kept every point's best lr in only some orders of the lrs
-(``results/p_ablation/halving.md``). A study whose pruner ran live has no whole curves to
-replay, and a point of one lr nothing to halve: the report writes ``halving.md`` only for a
-study run without a pruner, and only over its points of two or more lrs.
+the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). A study whose pruner
+ran live has no whole curves to replay, and a point of one lr nothing to halve: the report
+writes ``halving.md`` only for a study run without a pruner, and only over its points of two
+or more lrs.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.report import best_lr, by_point_and_lr
-
-Trials = list[optuna.trial.FrozenTrial]
+from arbench.tables import markdown_row, markdown_table
+from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr
 
 
 @dataclass
@@ -66,7 +64,6 @@ def replay_bracket(runs: Trials, direction: str,
                    args: dict[str, Any]) -> dict[int, tuple[float, int, bool]]:
     """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner; returns
     ``{trial number: (value reached, steps spent, pruned)}``."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction=direction,
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(**args))
     out = {}
@@ -104,11 +101,11 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
         brackets: dict[Any, Trials] = defaultdict(list)
         for runs in by_lr.values():
             for t in runs:
-                brackets[t.params.get("seed_everything")].append(t)
+                brackets[t.params.get(SEED)].append(t)
         reached: dict[int, tuple[float, int, bool]] = {}
         for runs in brackets.values():
             key = (lambda t: t.number) if order is None else \
-                (lambda t: (order[t.params.get("model.lr")], t.number))
+                (lambda t: (order[t.params.get(LR)], t.number))
             reached |= replay_bracket(sorted(runs, key=key), direction, args)
         means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
                  for lr, runs in by_lr.items()}
@@ -119,7 +116,7 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
             steps_full=sum(int(t.user_attrs.get("global_step") or 0)
                            for runs in by_lr.values() for t in runs),
             steps_halving=sum(v[1] for v in reached.values()),
-            pruned={(lr, t.params.get("seed_everything")): reached[t.number][1]
+            pruned={(lr, t.params.get(SEED)): reached[t.number][1]
                     for lr, runs in by_lr.items() for t in runs if reached[t.number][2]}))
     return out
 
@@ -147,7 +144,7 @@ def order_checks(trials: Trials, direction: str, args: dict[str, Any],
     it is not one to trust."""
     done = with_curves(trials)
     longest = longest_run(done)
-    lrs = sorted({t.params.get("model.lr") for t in done})
+    lrs = sorted({t.params.get(LR) for t in done})
     orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
     out = []
     for fraction in fractions:
@@ -169,12 +166,13 @@ def order_text(checks: list[OrderCheck]) -> list[str]:
     lines = ["", "## Does the order of the lrs matter?", "",
              f"The same replay under every order of the lrs within each bracket "
              f"({len(checks[0].kept)} orders), with the first rung at several steps.", "",
-             "| first rung (step) | points keeping their best lr, per order | "
-             "orders keeping all | steps spent |", "|---|---|---|---|"]
+             *markdown_table(["first rung (step)", "points keeping their best lr, per order",
+                              "orders keeping all", "steps spent"])]
     for c in checks:
-        lines.append(f"| {c.min_resource} | {', '.join(str(k) for k in c.kept)} (of {c.points})"
-                     f" | {sum(k == c.points for k in c.kept)} of {len(c.kept)} | "
-                     f"{100 * min(c.spent):.0f}–{100 * max(c.spent):.0f}% |")
+        lines.append(markdown_row([
+            c.min_resource, f"{', '.join(str(k) for k in c.kept)} (of {c.points})",
+            f"{sum(k == c.points for k in c.kept)} of {len(c.kept)}",
+            f"{100 * min(c.spent):.0f}–{100 * max(c.spent):.0f}%"]))
     return lines
 
 
@@ -183,15 +181,15 @@ def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
     lines = [f"Successive halving replayed on each point's lr sub-grid, one bracket per seed "
              f"(`sweeps/halving.py`; {', '.join(f'{k}={v}' for k, v in sorted(args.items()))})."
              f" A run stopped by the pruner counts with the best val/acc it had reached.", "",
-             "| point | best lr (full grid) | best lr (halving) | same | steps full | "
-             "steps halving | runs stopped (lr, seed @ step) |", "|---|---|---|---|---|---|---|"]
+             *markdown_table(["point", "best lr (full grid)", "best lr (halving)", "same",
+                              "steps full", "steps halving", "runs stopped (lr, seed @ step)"])]
     for r in replays:
         name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in r.point) or "all"
         stopped = "; ".join(f"{lr:g}, {seed} @ {step}" for (lr, seed), step in
                             sorted(r.pruned.items()))
-        lines.append(f"| {name} | {r.best_full:g} | {r.best_halving:g} | "
-                     f"{'yes' if r.best_full == r.best_halving else '**no**'} | "
-                     f"{r.steps_full} | {r.steps_halving} | {stopped or '-'} |")
+        lines.append(markdown_row([name, f"{r.best_full:g}", f"{r.best_halving:g}",
+                                   "yes" if r.best_full == r.best_halving else "**no**",
+                                   r.steps_full, r.steps_halving, stopped or "-"]))
     full = sum(r.steps_full for r in replays)
     kept = sum(r.best_full == r.best_halving for r in replays)
     if full:

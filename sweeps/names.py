@@ -1,5 +1,8 @@
-"""Names that become folder and file names: a study's (``runs/<study>/``,
-``results/<study>/``), a trial's run folder (``runs/<study>/<point>/``) and a plot's file.
+"""Names that become folder and file names (study, run folder, plot), and their checks.
+
+Names that become folder and file names, and their checks: a study's (``runs/<study>/``,
+``results/<study>/``), a trial's run folder (``runs/<study>/<point>/``, :func:`trial_name`)
+and a plot's file.
 
 Each must be one plain path component: not empty, not ``.`` or ``..``, without ``/``, ``\\``,
 NUL or other control characters, at most :data:`MAX_NAME_BYTES` bytes, so that no spec or
@@ -8,10 +11,35 @@ archive can make arbench write outside ``runs/`` or ``results/``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 MAX_NAME_BYTES = 200
 """Longest name in UTF-8 bytes (file systems allow 255; suffixes such as ``.png`` are added)."""
+
+
+SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
+"""Grid keys named in a run folder by another name than their last dotted part."""
+
+
+def short_name(key: str) -> str:
+    """A grid key as a run folder names it: ``model.lr`` -> ``lr``, ``a.b.p`` -> ``p``."""
+    return SHORT.get(key, key.rsplit(".", 1)[-1])
+
+
+def trial_name(params: dict[str, Any]) -> str:
+    """A run folder's name from a grid point, e.g. ``p4_seed0_lr0.003``."""
+    parts = []
+    for key in sorted(params):
+        value = params[key]
+        if key == "config" and isinstance(value, (list, tuple)):
+            value = "+".join(Path(str(v)).stem for v in value)
+        elif key == "config":
+            value = Path(str(value)).stem
+        elif isinstance(value, (list, tuple)):  # e.g. mixers [conv, delta] -> conv-delta
+            value = "-".join(str(v) for v in value)
+        parts.append(f"{short_name(key)}{value}")
+    return "_".join(parts).replace("/", "-").replace(":", "-")
 
 
 def name_problem(value: Any) -> str | None:
@@ -40,4 +68,4 @@ def check_name(value: Any, what: str, error: type[Exception]) -> str:
     return value
 
 
-__all__ = ["MAX_NAME_BYTES", "check_name", "name_problem"]
+__all__ = ["MAX_NAME_BYTES", "check_name", "name_problem", "short_name", "trial_name"]

@@ -1,6 +1,9 @@
-"""The LLoPS paper's AR accuracies (SPEC.md §4), to print beside matching rows, and its
+"""The LLoPS paper's reported numbers, to print beside matching rows and claims.
+
+The LLoPS paper's AR accuracies (SPEC.md §4), to print beside matching rows, and its
 warm-start result (BASED+LLoPS against BASED+CT) to print beside the warm-start claims. These
-are the paper's reported numbers, not arbench measurements."""
+are the paper's reported numbers, not arbench measurements.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Pruning a trial from inside its Lightning run, at every validation (not once per epoch),
-against the trials of its own bracket on a grid (:class:`BracketPruner`)."""
+"""Pruning a trial at every validation of its Lightning run, within its bracket on a grid.
+
+Pruning a trial from inside its Lightning run, at every validation (not once per epoch),
+against the trials of its own bracket on a grid (:class:`BracketPruner`).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +13,15 @@ import optuna
 from lightning.pytorch import LightningModule, Trainer
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
-BRACKET_FREE = ("model.lr",)
+from sweeps.trials import LR, point_key
+
+BRACKET_FREE = (LR,)
 """The param a bracket varies: its trials share every other grid value (point and seed)."""
 
 
 def bracket_key(params: dict) -> tuple:
     """The bracket of a trial with ``params``: its grid values less the lr."""
-    return tuple(sorted((k, str(v)) for k, v in params.items() if k not in BRACKET_FREE))
+    return point_key(params, free=BRACKET_FREE)
 
 
 class _BracketView:

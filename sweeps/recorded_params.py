@@ -1,8 +1,8 @@
 """Rewriting the distributions a study's trials recorded their params with, keeping each value.
 
-Optuna checks a trial's params against the distributions earlier trials recorded; two sweep
-features change those distributions in place in an RDB storage: a grid that gains a
-categorical value (:mod:`sweeps.grow`) and lrs added beyond a grid's edge (:mod:`sweeps.widen`).
+Optuna checks a trial's params against the distributions earlier trials recorded; a grid
+that gains a categorical value (:mod:`sweeps.grow`) changes those distributions in place in
+an RDB storage.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
 from optuna.storages import RDBStorage
+from optuna.storages._rdb.models import TrialModel, TrialParamModel
 
 Rewrite = Callable[[str, BaseDistribution, Any], BaseDistribution | None]
 
@@ -21,8 +22,6 @@ def rewrite_params(storage: RDBStorage, study_name: str, rewrite: Rewrite) -> in
     every param of every trial of the study and record the param with the distribution it
     returns and the same value (None: leave the row as it is); one transaction. Returns how
     many rows were rewritten."""
-    from optuna.storages._rdb.models import TrialModel, TrialParamModel
-
     study_id = storage.get_study_id_from_name(study_name)
     session = storage.scoped_session()
     changed = 0

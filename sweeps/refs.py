@@ -1,7 +1,10 @@
-"""Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
+"""Resolving ``best:<study>`` grid values to another study's checkpoints.
+
+Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
 that study's run with this trial's seed, at the study's best learning rate (best mean over
 seeds). A two-stage protocol (train BASED, then continue from it) uses it for
-``model.init_from``; the other study must have finished and have one grid point."""
+``model.init_from``; the other study must have finished and have one grid point.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.report import best_lr, by_point_and_lr
+from sweeps.trials import FINISHED, SEED, best_lr, by_point_and_lr
 
 BEST = "best:"
-FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
 class RefError(ValueError):
@@ -36,7 +38,7 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
                        f"found {len(points)}")
     (by_lr,) = points.values()
     best = best_lr(by_lr, study.direction == optuna.study.StudyDirection.MAXIMIZE)
-    match = [t for t in by_lr[best] if t.params.get("seed_everything") == seed]
+    match = [t for t in by_lr[best] if t.params.get(SEED) == seed]
     if match and match[0].state == TrialState.PRUNED:
         raise RefError(f"best:{study_name}: its run with seed {seed} at its best lr {best:g} "
                        "was stopped by the pruner (run that study without one)")
@@ -56,7 +58,7 @@ def resolve_refs(params: dict[str, Any], storage: Any) -> dict[str, Any]:
     out = dict(params)
     for key, value in params.items():
         if isinstance(value, str) and value.startswith(BEST):
-            out[key] = best_checkpoint(value[len(BEST):], params.get("seed_everything"), storage)
+            out[key] = best_checkpoint(value[len(BEST):], params.get(SEED), storage)
     return out
 
 

@@ -68,7 +68,7 @@ def checkpoint_progress(path: str | Path) -> tuple[int, float]:
     the seconds it had trained (the ``wall_time_s`` of its ``RunSummary`` callback state,
     ``arbench/summary.py``, summed over the run's earlier resumes; 0 without one). Read with
     :func:`arbench.ckpt_check.read_checkpoint` (one-line errors for a missing or bad file)."""
-    from arbench.ckpt_check import read_checkpoint
+    from arbench.ckpt_check import read_checkpoint  # here: keeps torch out of CLI start-up
     from arbench.summary import RunSummary
 
     state = read_checkpoint(str(path), "resume from")

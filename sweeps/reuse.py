@@ -13,9 +13,6 @@ A run the source study's pruner stopped stands for its point too, in a study tha
 as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so the new runs of
 its bracket are weighed against the same rung values as in the source study, and a bracket
 reused whole is decided as it was there. A study without a pruner trains those points.
-
-The saving is real across the shipped studies: ``p_ablation``'s p=4 runs are
-``based_vs_llops``'s LLoPS d=128 runs and ``diagnosis``'s baseline, its t=1 points ``rank``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +27,9 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
+from sweeps.command import trial_args
 from sweeps.spec import SweepSpec
+from sweeps.trials import RESULTS
 
 IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
            ("trainer", "enable_model_summary"), ("config",), ("ckpt_path",),
@@ -40,7 +39,7 @@ IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
 
 def _parse_only_cli(args: list[str]) -> Any:
     """``main.py``'s parser over ``args`` (no subcommand), nothing checked or built."""
-    from arbench.cli import ArbenchCLI, build_cli
+    from arbench.cli import ArbenchCLI, build_cli  # here: keeps Lightning out of CLI start-up
 
     class ParseOnly(ArbenchCLI):
         def instantiate_classes(self) -> None:
@@ -94,7 +93,7 @@ def finished_experiments(study_names: list[str], storage: Any,
                   f"this study is trained", file=sys.stderr, flush=True)
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        states = (TrialState.COMPLETE, TrialState.PRUNED) if pruned else (TrialState.COMPLETE,)
+        states = RESULTS if pruned else (TrialState.COMPLETE,)
         for t in study.get_trials(deepcopy=False, states=states):
             if t.user_attrs.get("reused_from") or (t.state == TrialState.PRUNED
                                                    and not t.intermediate_values):
@@ -122,10 +121,10 @@ def reuse_trial(point: dict[str, Any], source: tuple[str, Any],
         system_attrs={**rungs, "fixed_params": point})
 
 
-def matches(spec: SweepSpec, points: list[dict[str, Any]], storage: Any) -> dict[int, Any]:
-    """``{index in points: (study, trial)}`` for the points a finished run stands for."""
-    from sweeps.worker import trial_args
-
+def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
+                     storage: Any) -> dict[int, Any]:
+    """``{index in points: (study, trial)}`` for the points a finished run stands for (the
+    same experiment, :func:`experiment`)."""
     if not spec.reuse:
         return {}
     done = finished_experiments(spec.reuse, storage, pruned=spec.pruner != "none")

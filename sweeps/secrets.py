@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import unquote
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from arbench.checks import CliError
 
@@ -25,9 +29,6 @@ _USERINFO = re.compile(r"(?P<head>://[^:/@\s]*:)(?P<password>[^@\s]*)(?P<tail>@)
 def masked(url: str) -> str:
     """``url`` with its password shown as ``***`` (``postgresql://alice:***@host/db``); URLs
     without one are returned unchanged. A URL SQLAlchemy cannot parse is masked by pattern."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
@@ -53,8 +54,6 @@ def scrub(text: str, url: str | None) -> str:
     text = text.replace(url, masked(url))
     secret = password(url)
     if secret:
-        from urllib.parse import unquote
-
         for form in {secret, unquote(secret)}:
             if len(form) >= 3:  # a one- or two-letter password would mask ordinary words
                 text = text.replace(form, "***")

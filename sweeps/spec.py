@@ -49,9 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
 import yaml
 
-from sweeps.names import check_name
+from sweeps.names import check_name, trial_name
+from sweeps.paper import PAPER_GAINS
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
@@ -76,8 +78,6 @@ def make_pruner(name: str, args: dict[str, Any]) -> Any:
     ``threshold`` prunes a trial whose reported value leaves ``[lower, upper]``. Values are
     reported at the trainer's global step after every validation.
     """
-    import optuna
-
     kinds = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
              "halving": optuna.pruners.SuccessiveHalvingPruner,
              "threshold": optuna.pruners.ThresholdPruner}
@@ -218,8 +218,6 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
 def _check_claims(value: Any) -> list[dict[str, Any]]:
     """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``, and
     optionally ``paper_gain:`` a name in ``sweeps.paper.PAPER_GAINS`` to print beside it."""
-    from sweeps.paper import PAPER_GAINS
-
     if value is None:
         return []
     if not isinstance(value, list):
@@ -323,11 +321,9 @@ def _texts(value: Any) -> list[str]:
 
 def check_run_folders(spec: SweepSpec) -> None:
     """Every grid point's run folder (``runs/<study>/<point>/``, named by
-    :func:`sweeps.worker.trial_name`) is one plain folder name; a grid value with NUL or
+    :func:`sweeps.names.trial_name`) is one plain folder name; a grid value with NUL or
     another control character, or a point whose name would be too long, raises
     :class:`SpecError` naming it."""
-    from sweeps.worker import trial_name
-
     for key, values in spec.grid.items():
         for value in values:
             for text in _texts(value):

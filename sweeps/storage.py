@@ -13,10 +13,8 @@ WAITING and both claim it.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
-import optuna
 from optuna.storages import RDBStorage
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -80,7 +78,6 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
         engine_kwargs = {"connect_args": {"timeout": lock_timeout}}
     elif url.startswith("postgresql"):
         engine_kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     for attempt in range(6):
         try:
             storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
@@ -104,7 +101,3 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
         return storage
     raise AssertionError("unreachable")
 
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-# A grid value that is a list of config files (they compose) is stored as JSON all the same.
-warnings.filterwarnings("ignore", message="Choices for a categorical distribution should")

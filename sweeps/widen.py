@@ -1,4 +1,4 @@
-"""Widening a point's lr sub-grid where its best lr sits at an edge (issue 13's protocol).
+"""Widening a point's lr sub-grid where its best lr sits at an edge (``run --widen N``).
 
 A grid point whose trials have all finished and whose best lr (mean over seeds) is the lowest
 or the highest lr tried gets one more lr beyond that edge, a step as wide as the last one
@@ -9,9 +9,8 @@ results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no 
 an edge (or each has N added lrs there).
 
 Grid numbers are recorded with one-value int/float distributions
-(:func:`sweeps.worker.suggest_fixed`), which Optuna lets differ between trials. A study
-recorded before that holds them as categorical choices, which Optuna keeps fixed per study;
-:func:`lift_numeric_params` converts those (losslessly) before a study is widened.
+(:func:`sweeps.params.fixed_distribution`), which Optuna lets differ between trials, so a
+study can gain lrs.
 """
 
 from __future__ import annotations
@@ -19,21 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
 
-from sweeps.recorded_params import rewrite_params
-from sweeps.report import best_lr, by_point_and_lr, point_key
+from sweeps.queue import enqueue, queue_lock
 from sweeps.spec import SweepSpec
-from sweeps.worker import grid_point, is_number, queue_lock, reuse_points
-
-BUSY = (TrialState.WAITING, TrialState.RUNNING)
+from sweeps.trials import LR, UNFINISHED, best_lr, by_point_and_lr, grid_point, point_key
 
 
 def next_lr(lrs: list[float], low: bool) -> float:
@@ -46,7 +35,7 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
     """The trials (grid values with seed and lr) that widen every finished point whose best lr
     is at an edge of the lrs it tried."""
     trials = study.get_trials(deepcopy=False)
-    busy = {point_key(grid_point(t)) for t in trials if t.state in BUSY}
+    busy = {point_key(grid_point(t)) for t in trials if t.state in UNFINISHED}
     queued = []
     for point, by_lr in by_point_and_lr(trials).items():
         lrs = sorted(by_lr)
@@ -60,34 +49,15 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
         if len(beyond) >= max_added:
             continue
         new = next_lr(lrs, low)
-        queued += [{**grid_point(t), "model.lr": new} for t in by_lr[best]]
+        queued += [{**grid_point(t), LR: new} for t in by_lr[best]]
     return queued
 
 
-def lift_numeric_params(storage: RDBStorage, study_name: str) -> int:
-    """Rewrite the study's categorical params whose choices are all numbers as one-value
-    int/float params with the same value; returns how many were rewritten."""
-
-    def lifted(name: str, dist: BaseDistribution, value: Any) -> BaseDistribution | None:
-        if not isinstance(dist, CategoricalDistribution) or \
-                not all(is_number(c) for c in dist.choices):
-            return None
-        return IntDistribution(value, value) if isinstance(value, int) \
-            else FloatDistribution(float(value), float(value))
-
-    return rewrite_params(storage, study_name, lifted)
-
-
 def widen(spec: SweepSpec, storage: RDBStorage, max_added: int) -> list[dict[str, Any]]:
-    """Queue :func:`widened_points` (under the grid's queue lock; a study recorded with
-    categorical numbers is lifted first; a run a ``reuse:`` study has is recorded from it);
-    returns the widened points."""
+    """Queue :func:`widened_points` (under the grid's queue lock; a run a ``reuse:`` study has
+    is recorded from it); returns the widened points."""
     with queue_lock(storage, spec.study):
-        lift_numeric_params(storage, spec.study)
         study = optuna.load_study(study_name=spec.study, storage=storage)
         points = widened_points(study, spec, max_added)
-        reused = reuse_points(study, spec, points, storage)
-        for i, point in enumerate(points):
-            if i not in reused:
-                study.enqueue_trial(point, skip_if_exists=False)
+        enqueue(study, spec, storage, points)
     return points

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from arbench.approx.study import Record, StudyConfig
+from arbench.approx.records import Record, StudyConfig
 
 LEDGER_NAME = "records.jsonl"
 Key = tuple[int, int, int, str]  # (layer, head, p, method)

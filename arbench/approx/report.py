@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import asdict
 from pathlib import Path
 
-from arbench.approx.study import EXPLICIT, FITTED_OPTIMAL, FLOOR, Record
+from arbench import tables
+from arbench.approx.records import EXPLICIT, FITTED_OPTIMAL, FLOOR, Record
 
 # SPEC §4: RMAE on layers 0 / 8 / 15 of the paper's softmax Transformer, and the mean.
 PAPER_RMAE: dict[tuple[int, str], tuple[float, float, float, float]] = {
@@ -59,7 +59,7 @@ def markdown_table(records: list[Record], metric: str) -> str:
     head = ["p", "method", "m'", *labels, "mean", "÷ data limit"]
     if paper:
         head += ["paper mean", "paper L0 / L8 / L15"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = tables.markdown_table(head)
     for p, method in row_order(records):
         found = [lookup.get((p, method, layer, h)) for layer, h in cols]
         values = [getattr(r, metric) if r else None for r in found]
@@ -77,7 +77,7 @@ def markdown_table(records: list[Record], metric: str) -> str:
         if paper:
             ref = PAPER_RMAE.get((p, method))
             cells += [_fmt(ref[3]), " / ".join(map(_fmt, ref[:3]))] if ref else ["", ""]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(tables.markdown_row(cells))
     return "\n".join(lines)
 
 
@@ -98,12 +98,7 @@ def write_markdown(records: list[Record], path: Path, notes: list[str]) -> Path:
 def write_csv(records: list[Record], path: Path) -> Path:
     """``table.csv``: one line per (p, method, layer, head) with both metrics."""
     fields = list(asdict(records[0]).keys()) if records else list(Record.__annotations__)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        for r in records:
-            writer.writerow(asdict(r))
-    return path
+    return tables.write_csv(path, [asdict(r) for r in records], fields)
 
 
 def plot_error_vs_rank(records: list[Record], path: Path) -> Path:

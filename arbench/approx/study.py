@@ -11,69 +11,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from arbench.approx.fit import FitConfig, FitResult, fit_best
+from arbench.approx.fit import FitResult, fit_best
 from arbench.approx.floor import eckart_young, explicit_sketch_kernel, fitted_optimal_sketch
 from arbench.approx.kernels import check_p, monomial_count, poly_kernel
+from arbench.approx.ledger import Ledger
 from arbench.approx.methods import method_builders
 from arbench.approx.metrics import rel_frobenius, rmae
 from arbench.approx.qkset import QKSet
+from arbench.approx.records import (
+    EXPLICIT,
+    FITTED_OPTIMAL,
+    FLOOR,
+    METHOD_KEYS,
+    Record,
+    StudyConfig,
+)
 from arbench.checks import check_int
-from arbench.registry import MethodConfig
-
-if TYPE_CHECKING:
-    from arbench.approx.ledger import Ledger
 
 Log = Callable[[str], None]
-
-FLOOR = "Eckart–Young floor"
-EXPLICIT = "Thm 3.1 W* (held-out)"
-FITTED_OPTIMAL = "data limit: Thm 3.1 W* (train)"
-METHOD_KEYS = ("polysketch", "mlp", "flatten", "based", "llops")
-
-
-@dataclass(frozen=True)
-class StudyConfig:
-    """What to run: degrees ``ps``, feature dim ``m``, LLoPS ranks, sizes and the fit budget."""
-
-    ps: tuple[int, ...] = (2, 3)
-    m: int = 64
-    ranks: tuple[int, ...] = (1, 2, 4, 8)
-    fit: FitConfig = field(default_factory=FitConfig)
-    lrs: tuple[float, ...] = ()  # several: keep the best (FitResult.selection_loss); (): fit.lr
-    n_train: int = 2048
-    n_test: int = 1024
-    train_fraction: float = 0.5
-    seed: int = 0
-    mlp_hidden: int = 256
-    explicit_max_dim: int = 20_000
-    methods: tuple[str, ...] = METHOD_KEYS
-    method_configs: tuple[MethodConfig, ...] = ()  # fitted beside ``methods``
-
-
-@dataclass
-class Record:
-    """One score: method at degree p on one (layer, head), on the held-out pairs."""
-
-    p: int
-    method: str
-    layer: int
-    head: int
-    rmae: float
-    rel_frobenius: float
-    feature_dim: int
-    seconds: float = 0.0
-    detail: str = ""
-    fit_start: str = ""  # "adam", "als" or "svd", and how that phase ended
-    fit_steps: int = 0  # Adam steps or ALS sweeps of the start
-    polish_steps: int = 0  # full-batch L-BFGS steps after it
-    fit_stop: str = ""  # why the fit ended (the polish's rule when it ran)
-    grad_norm: float | None = None  # ‖∇L‖₂ of the training loss at the stop
-
 
 @dataclass
 class Split:

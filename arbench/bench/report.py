@@ -6,11 +6,11 @@ Every number in ``bench.md`` comes from the result dict of the same run; the tar
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 
+from arbench import tables
 from arbench.bench.layers import PASSES
 from arbench.bench.targets import PASS_NAMES, crossover_text, index_rows, seq_lens
 
@@ -27,14 +27,10 @@ def write_outputs(result: dict, out_dir: Path) -> None:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    """Rows as CSV (header from the first row; an empty file for no rows)."""
-    with open(path, "w", newline="") as fh:
-        if not rows:
-            return
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    """Rows as CSV, floats to 6 significant digits (header from the first row; an empty file
+    for no rows)."""
+    tables.write_csv(path, [{k: (f"{v:.6g}" if isinstance(v, float) else v)
+                             for k, v in row.items()} for row in rows])
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -69,18 +65,13 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in body]
-
-
 def _grid(rows: list[dict], pass_: str, cell) -> list[str]:
     """Methods × n table of ``cell(row)`` for one pass."""
     ns = seq_lens(rows)
     idx = index_rows(rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     body = [[m] + [_cell(cell, idx[(m, n, pass_)]) for n in ns] for m in methods]
-    return _table(["method"] + [f"n={n}" for n in ns], body)
+    return tables.markdown_table(["method"] + [f"n={n}" for n in ns], body)
 
 
 def _cell(cell, row: dict) -> str:
@@ -125,7 +116,7 @@ def _header_section(result: dict) -> list[str]:
              + (f" (smallest forward+backward total of {' + '.join(chunk['methods'])} at "
                 f"n={chunk['n']})" if chunk["table"] else " (given)"), ""]
     if chunk["table"]:
-        lines += _table(["method", "chunk", "fwd ms", "fwd+bwd ms"],
+        lines += tables.markdown_table(["method", "chunk", "fwd ms", "fwd+bwd ms"],
                         [[r["method"], str(r["chunk"]), f"{r['fwd_ms']:.1f}",
                           f"{r['fwd_bwd_ms']:.1f}"] for r in chunk["table"]]) + [""]
     blocks = result.get("cp_blocks")
@@ -134,7 +125,7 @@ def _header_section(result: dict) -> list[str]:
                   + (f" (smallest forward+backward total of {' + '.join(blocks['methods'])} at "
                      f"n={blocks['n']})" if blocks["table"] else " (given)"), ""]
     if blocks and blocks["table"]:
-        lines += _table(["method", "rows per block", "fwd ms", "fwd+bwd ms"],
+        lines += tables.markdown_table(["method", "rows per block", "fwd ms", "fwd+bwd ms"],
                         [[r["method"], str(r["rows"]), f"{r['fwd_ms']:.1f}",
                           f"{r['fwd_bwd_ms']:.1f}"] for r in blocks["table"]]) + [""]
     if result["forms"]:
@@ -180,7 +171,8 @@ def _load_line(meta: dict) -> str:
 
 def _targets_section(result: dict) -> list[str]:
     body = [[c["target"], c["measured"], f"**{c['verdict']}**"] for c in result["targets"]["checks"]]
-    return ["## Target checks", ""] + _table(["target", "measured", "verdict"], body) + [""]
+    return ["## Target checks", "", *tables.markdown_table(["target", "measured", "verdict"], body),
+            ""]
 
 
 def _timing_section(result: dict) -> list[str]:
@@ -223,7 +215,7 @@ def _twin_section(result: dict, flag: str, intro: list[str], cell) -> list[str]:
         by = {(s["method"], s["n"]): s for s in sel}
         body = [[m] + [cell(by[(m, n)]) if (m, n) in by else "–" for n in ns] for m in methods]
         lines += [f"### {PASS_NAMES[pass_]}", ""]
-        lines += _table(["method"] + [f"n={n}" for n in ns], body) + [""]
+        lines += tables.markdown_table(["method"] + [f"n={n}" for n in ns], body) + [""]
     return lines
 
 
@@ -247,11 +239,11 @@ def _comparison_section(result: dict) -> list[str]:
     ns = seq_lens(result["rows"])
     lines = ["## LLoPS / BASED, forward", "",
              "time ratio < 1: LLoPS faster; compare with the FLOP ratio.", ""]
-    lines += _table(["method", "n", "time ratio", "FLOP ratio"],
+    lines += tables.markdown_table(["method", "n", "time ratio", "FLOP ratio"],
                     [[r["method"], str(r["n"]), f"{r['time_ratio']:.2f}", f"{r['flop_ratio']:.2f}"]
                      for r in t["based"]]) + [""]
     lines += ["## Linear vs softmax, forward", ""]
-    lines += _table(["method", "speedup at largest n", "crossover n"],
+    lines += tables.markdown_table(["method", "speedup at largest n", "crossover n"],
                     [[r["method"], f"{r['speedup']:.2f}× (n={r['n']})", crossover_text(r, ns)]
                      for r in t["softmax"]]) + [""]
     return lines
@@ -268,7 +260,7 @@ def _memory_section(result: dict) -> list[str]:
         lines += [f"### {PASS_NAMES[pass_]}", ""] + _grid(rows, pass_, lambda r: _mib(r["peak_mib"]))
         lines.append("")
     if result["targets"]["memory"]:
-        lines += _table(["method", "pass", "ratio"],
+        lines += tables.markdown_table(["method", "pass", "ratio"],
                         [[r["method"], r["pass"], f"{r['ratio']:.2f} (n={r['n']} / n={r['half']})"]
                          for r in result["targets"]["memory"]]) + [""]
     return lines
@@ -285,7 +277,7 @@ def _training_section(result: dict) -> list[str]:
     header = ["size", "head", "vocab/d_model/m/p", "batch", "tokens/s median (min–max)",
               "step ms", "GFLOP/step", "of matmul"]
     return (["## Training step (AdamW), RecallModel conv + LLoPS linear", ""]
-            + _table(header, body) + [""])
+            + tables.markdown_table(header, body) + [""])
 
 
 def _notes_section(result: dict) -> list[str]:

@@ -14,9 +14,10 @@ from test_archive import a_study
 from test_sweeps import write_spec
 
 from sweeps.archive import restore, save
+from sweeps.params import point_problem
 from sweeps.spec import SpecError, load_spec
 from sweeps.storage import StorageError
-from sweeps.worker import point_problem, run_trial
+from sweeps.worker import run_trial
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -112,8 +113,9 @@ def test_a_queued_point_the_spec_does_not_name_never_runs(tmp_path):
 def test_refs_and_resumes_never_load_a_hostile_checkpoint(tmp_path, monkeypatch):
     """A ``best:<study>`` whose checkpoint would run code, and a run folder whose
     ``last.ckpt`` would: each trial fails with the refusal as its reason, the code never runs."""
+    from sweeps.queue import enqueue_grid
     from sweeps.storage import open_storage
-    from sweeps.worker import enqueue_grid, make_study
+    from sweeps.study import make_study
 
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"

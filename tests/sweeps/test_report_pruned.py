@@ -6,7 +6,11 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweeps.report import best_lr, by_point_and_lr, flags, rows, run_rows, run_value
+from sweeps.report import study_trials
+from sweeps.report.rows import rows
+from sweeps.report.runs import run_rows
+from sweeps.report.table import flags
+from sweeps.trials import best_lr, by_point_and_lr, run_value
 
 
 def trial(lr, seed, curve, pruned=False):
@@ -39,10 +43,10 @@ def test_pruned_run_counts_with_its_best_reached(tmp_path):
     assert len(by_lr[1e-3]) == 2
     assert best_lr(by_lr) == 3e-4
     spec = SimpleNamespace(study="s", direction="maximize")
-    (row,) = rows(spec, url)
+    (row,) = rows(spec, study_trials(spec, url))
     assert row["best_lr"] == 3e-4 and row["n"] == 2 and row["pruned"] == 0
     assert row["lr_means"][1e-3] == (0.95 + 0.2) / 2
-    runs = run_rows(spec, url)
+    runs = run_rows(spec, study_trials(spec, url))
     assert (runs[3]["state"], runs[3]["val_acc"], runs[3]["last_val_acc"],
             runs[3]["steps"]) == ("pruned", 0.2, 0.1, 1000)
 

@@ -10,7 +10,12 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 from paths import config
 
-from sweeps.report import ZOOLOGY_RECIPE, claim_rows, label, rows, run_rows, write_table
+from arbench.defaults import ZOOLOGY_RECIPE
+from sweeps.report import study_trials
+from sweeps.report.labels import label
+from sweeps.report.rows import rows
+from sweeps.report.runs import run_rows
+from sweeps.report.table import claim_rows, write_table
 from sweeps.spec import SpecError, load_spec
 
 BASE = {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1}
@@ -62,10 +67,10 @@ def test_example_metric_in_runs_and_table(tmp_path):
     url = study(tmp_path, with_example=True)
     spec = SimpleNamespace(study="s", direction="maximize", metric="val/acc", profile="long",
                            description="", claims=[])
-    runs = run_rows(spec, url)
+    runs = run_rows(spec, study_trials(spec, url))
     assert [r["example_acc"] for r in runs] == pytest.approx([0.8, 0.7, 0.6])
     assert [r["trainer.precision"] for r in runs] == ["32-true", "32-true", "bf16-mixed"]
-    table = rows(spec, url)
+    table = rows(spec, study_trials(spec, url))
     write_table(spec, table, tmp_path)
     md = (tmp_path / "table.md").read_text()
     assert " | example acc % | " in md
@@ -81,8 +86,8 @@ def test_runs_without_example_metric_keep_their_columns(tmp_path):
     url = study(tmp_path, with_example=False)
     spec = SimpleNamespace(study="s", direction="maximize", metric="val/acc", profile="cpu",
                            description="", claims=[])
-    assert "example_acc" not in run_rows(spec, url)[0]
-    write_table(spec, rows(spec, url), tmp_path)
+    assert "example_acc" not in run_rows(spec, study_trials(spec, url))[0]
+    write_table(spec, rows(spec, study_trials(spec, url)), tmp_path)
     assert "example" not in (tmp_path / "table.md").read_text()
     assert "example" not in (tmp_path / "table.csv").read_text()
 
@@ -103,7 +108,7 @@ def test_spec_objective_is_a_logged_accuracy(tmp_path):
 
 
 def test_plot_of_one_slice_uses_its_per_seed_values():
-    from sweeps.report import plotted_rows, plotted_value, y_label
+    from sweeps.report.plots import plotted_rows, plotted_value, y_label
 
     row = {"hparams": {"state_size": 10}, "mean": 0.5, "std": 0.1,
            "slice_values": {"L1024_N256": [0.2, 0.4]}}

@@ -11,9 +11,10 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 
 from sweeps.pruning import BracketPruner
+from sweeps.queue import requeue
 from sweeps.retry import checkpoint_progress, replaced_curve, replaced_trials, replay_curve
 from sweeps.storage import open_storage
-from sweeps.worker import claim_waiting, requeue
+from sweeps.worker import claim_waiting
 
 DISTS = {"model.lr": FloatDistribution(1e-4, 1e-2), "seed_everything": IntDistribution(0, 9)}
 

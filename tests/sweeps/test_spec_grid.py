@@ -5,8 +5,9 @@ import pytest
 import yaml
 from paths import ROOT, config
 
+from sweeps.command import trial_args
+from sweeps.names import trial_name
 from sweeps.spec import load_spec
-from sweeps.worker import trial_args, trial_name
 
 
 def test_zipped_null_leaves_the_key_out(tmp_path):

@@ -67,23 +67,24 @@ def test_report_of_a_study_that_never_ran_writes_nothing(tmp_path):
 
 
 def test_queueing_lock_leaves_no_study_and_failed_points_are_found(tmp_path):
+    from sweeps.queue import enqueue_grid
     from sweeps.spec import load_spec
     from sweeps.storage import open_storage
-    from sweeps.worker import enqueue_grid, failed_points, make_study
+    from sweeps.study import make_study
+    from sweeps.trials import failed_points
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     storage = open_storage(url)
     spec = load_spec(write_spec(tmp_path, "lock", GRID4))
     study = make_study(spec, storage)
-    optuna.create_study(study_name="lock::grid::0123456789", storage=storage)  # older versions'
     assert enqueue_grid(study, spec, storage) == (4, 0)
     assert enqueue_grid(study, spec, storage) == (0, 0)
     assert optuna.get_all_study_names(storage) == ["lock"]
     trial = study.ask()
     study.tell(trial, state=TrialState.FAIL)
-    assert [t.number for t in failed_points(study)] == [0]
+    assert [t.number for t in failed_points(study.get_trials())] == [0]
     assert enqueue_grid(study, spec, storage, retry_failed=True) == (0, 1)
-    assert failed_points(study) == []  # its point is waiting again
+    assert failed_points(study.get_trials()) == []  # its point is waiting again
 
 
 def test_help_reads_well(tmp_path):

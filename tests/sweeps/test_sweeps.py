@@ -75,7 +75,7 @@ def test_shipped_specs_load(name, profile):
 
 def test_string_grid_values_reach_the_model(tmp_path):
     from arbench.cli import build_cli
-    from sweeps.worker import trial_args
+    from sweeps.command import trial_args
 
     spec = load_spec(ROOT / "sweeps" / "normalize.yaml", "smoke")
     point = [p for p in spec.points() if p["model.normalize"] == "signed"][0]
@@ -244,7 +244,7 @@ def test_median_pruner_reports_every_validation(tmp_path):
 
 
 def test_plot_where_selects_rows_by_value_and_by_product(tmp_path, monkeypatch):
-    from sweeps import report
+    from sweeps.report.plots import write_plot
 
     def row(m, rank, acc):
         return {"hparams": {"m": m, "rank": rank, "p": 2}, "mean": acc, "std": 0.0}
@@ -264,13 +264,13 @@ def test_plot_where_selects_rows_by_value_and_by_product(tmp_path, monkeypatch):
         return orig(self, x, y, *a, **k)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
-    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m": 256}, "name": "a"},
+    write_plot(table, {"x": "rank", "series": "p", "where": {"m": 256}, "name": "a"},
                       tmp_path)
     assert seen.pop("p=2") == [(1.0, 50.0), (2.0, 60.0)]
-    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m*rank": 256}, "name": "b"},
+    write_plot(table, {"x": "rank", "series": "p", "where": {"m*rank": 256}, "name": "b"},
                       tmp_path)
     assert seen.pop("p=2") == [(1.0, 50.0), (2.0, 70.0), (4.0, 80.0)]  # 256·1, 128·2, 64·4
-    report.write_plot(table, {"x": "rank", "series": "p", "where": {"m": [128, 64]}, "name": "c"},
+    write_plot(table, {"x": "rank", "series": "p", "where": {"m": [128, 64]}, "name": "c"},
                       tmp_path)
     assert seen.pop("p=2") == [(2.0, 70.0), (4.0, 80.0)]
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.png", "b.png", "c.png"]
@@ -281,7 +281,7 @@ def test_marked_plot_keeps_methods_that_share_an_x_apart(tmp_path, monkeypatch):
     per method, nudged sideways per series; an unknown ``marker_by`` is refused in one line."""
     import matplotlib.axes
 
-    from sweeps import report
+    from sweeps.report.plots import write_plot
 
     def row(fm, p, mixers, size, acc):
         return {"hparams": {"feature_map": fm, "p": p, "m": 256, "rank": 1, "mixers": mixers,
@@ -297,7 +297,7 @@ def test_marked_plot_keeps_methods_that_share_an_x_apart(tmp_path, monkeypatch):
         return orig(self, x, y, *a, **k)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
-    path = report.write_plot(table, {"x": "state_size", "series": "mixers",
+    path = write_plot(table, {"x": "state_size", "series": "mixers",
                                      "marker_by": "method", "xscale": "log"}, tmp_path)
     assert path.name == "acc_vs_state_size.png" and path.stat().st_size > 0
     by_label = {d[0]: d[1:] for d in drawn}
@@ -320,7 +320,10 @@ def test_report_flags_and_one_row_per_run(tmp_path):
 
     from optuna.distributions import CategoricalDistribution
 
-    from sweeps import report
+    from sweeps.report import study_trials
+    from sweeps.report.rows import rows
+    from sweeps.report.runs import write_runs
+    from sweeps.report.table import flags, write_table
 
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = optuna.create_study(study_name="flags", storage=storage, direction="maximize")
@@ -339,22 +342,22 @@ def test_report_flags_and_one_row_per_run(tmp_path):
                 value=acc[lr] + 0.01 * seed, user_attrs=attrs))
     spec = SimpleNamespace(study="flags", direction="maximize", metric="val/acc", profile="cpu",
                            plots=[], description=None)
-    (row,) = report.rows(spec, storage)
+    (row,) = rows(spec, study_trials(spec, storage))
     assert row["best_lr"] == 1e-3 and row["n"] == 3 and row["n_lrs"] == 3
     assert row["converged"] == 2 / 3 and row["collapsed"] == 1 and not row["lr_at_edge"]
-    assert report.flags(row) == "1 collapsed; 1 of 3 not converged"
-    report.write_table(spec, [row], tmp_path)
+    assert flags(row) == "1 collapsed; 1 of 3 not converged"
+    write_table(spec, [row], tmp_path)
     table = next(csv.DictReader((tmp_path / "table.csv").open()))
     assert (table["n"], table["n_lrs"], table["collapsed"]) == ("3", "3", "1")
     assert float(table["converged"]) == 2 / 3
-    report.write_runs(spec, storage, tmp_path)
+    write_runs(spec, study_trials(spec, storage), tmp_path)
     runs = list(csv.DictReader((tmp_path / "runs.csv").open()))
     assert len(runs) == 9
     assert {"p", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged", "collapsed_at",
             "wall_time_s", "state"} <= set(runs[0])
     assert sum(r["collapsed_at"] == "520" for r in runs) == 1
     edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0, not_converged=0)
-    assert report.flags(edge) == "best lr at grid edge"
+    assert flags(edge) == "best lr at grid edge"
 
 
 def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
@@ -370,7 +373,7 @@ def test_paper_gpu_spec_runs_at_smoke_size_and_names_the_device(tmp_path):
 
 
 def test_claims_are_checked_seed_by_seed():
-    from sweeps import report
+    from sweeps.report.table import claim_rows, claims_text
 
     def row(p, values):
         return {"hparams": {"feature_map": "LLoPS", "p": p}, "seed_values": dict(enumerate(values))}
@@ -379,12 +382,12 @@ def test_claims_are_checked_seed_by_seed():
     claims = [{"name": "p=4 > p=2", "better": {"p": 4}, "worse": {"p": 2}},
               {"name": "p=4 > p=6", "better": {"p": 4}, "worse": {"p": 6}},
               {"name": "LLoPS > BASED", "better": {"p": 4}, "worse": {"feature_map": "Based"}}]
-    got = report.claim_rows(table, claims)
+    got = claim_rows(table, claims)
     assert (got[0]["k"], got[0]["n"]) == (2, 3)
     assert got[0]["gap_mean"] == pytest.approx(0.1 / 3)
     assert (got[1]["k"], got[1]["n"]) == (2, 2)  # only the seeds both rows have
     assert got[2]["status"] == "0 rows match worse {'feature_map': 'Based'}"
-    text = report.claims_text(got)
+    text = claims_text(got)
     assert text[0] == "- p=4 > p=2: holds in 2 of 3 seeds, mean gap +3.3 ± 7.6 points"
     assert text[1] == "- p=4 > p=6: holds in 2 of 2 seeds, mean gap +30.0 ± 14.1 points"
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
@@ -393,7 +396,7 @@ def test_claims_are_checked_seed_by_seed():
 def test_claims_select_rows_by_their_diagnosis_switch():
     """``variant: baseline`` picks the row without switches, ``variant: qk-norm`` the row whose
     label names that switch (and only it), at the same p."""
-    from sweeps import report
+    from sweeps.report.table import claim_rows
 
     base = {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1, "weight_decay": 0.1,
             "feature_map_weight_decay": 0.1, "init": "variance"}
@@ -408,14 +411,14 @@ def test_claims_select_rows_by_their_diagnosis_switch():
                "worse": {"p": 4, "variant": "baseline"}},
               {"name": "none", "better": {"p": 6, "variant": "φ²"},
                "worse": {"p": 6, "variant": "baseline"}}]
-    qk, wd, none = report.claim_rows(table, claims)
+    qk, wd, none = claim_rows(table, claims)
     assert (qk["k"], qk["n"]) == (1, 2) and qk["gap_mean"] == pytest.approx(0.035)
     assert (wd["k"], wd["n"]) == (1, 1) and wd["gap_mean"] == pytest.approx(0.01)
     assert none["status"] == "0 rows match better {'p': 6, 'variant': 'φ²'}"
 
 
 def test_labels_name_the_diagnosis_switches():
-    from sweeps.report import label
+    from sweeps.report.labels import label
 
     base = {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1, "weight_decay": 0.1,
             "feature_map_weight_decay": 0.1, "init": "variance"}
@@ -431,7 +434,7 @@ def test_labels_name_the_diagnosis_switches():
 
 
 def test_trial_names_are_plain_folder_names():
-    from sweeps.worker import trial_name
+    from sweeps.names import trial_name
 
     name = trial_name({"config": "/x/configs/p4.yaml", "model.mixers": ["conv", "delta"],
                        "seed_everything": 1, "model.lr": 0.001})
@@ -472,34 +475,36 @@ def test_best_refs_pick_the_seed_run_at_the_best_lr(tmp_path):
 
 
 def test_claim_with_paper_gain_prints_both_gains():
-    from sweeps import report
+    from sweeps.report.table import claim_rows, claims_text
 
     table = [{"hparams": {"feature_map": "LLoPS"}, "seed_values": {0: 0.9, 1: 0.8}},
              {"hparams": {"feature_map": "Based"}, "seed_values": {0: 0.8, 1: 0.8}}]
     claims = [{"name": "BASED+LLoPS > BASED+CT", "better": {"feature_map": "LLoPS"},
                "worse": {"feature_map": "Based"}, "paper_gain": "warmstart"}]
-    (line,) = report.claims_text(report.claim_rows(table, claims))
+    (line,) = claims_text(claim_rows(table, claims))
     assert line == ("- BASED+LLoPS > BASED+CT: holds in 1 of 2 seeds, mean gap +5.0 ± 7.1 "
                     "points; relative gain +6.2% (the paper: +3.6% (360M), +1.8% (1B) in "
                     "average zero-shot accuracy)")
 
 
 def test_learning_curves_hold_an_early_stop_and_plot(tmp_path):
-    from sweeps import report
+    from sweeps.report.plots import mean_curve, write_plot
 
-    steps, mean, lo, hi = report.mean_curve([[[250, 0.5], [500, 0.995]],
+    steps, mean, lo, hi = mean_curve([[[250, 0.5], [500, 0.995]],
                                              [[250, 0.3], [500, 0.6], [750, 0.8]]])
     assert steps == [250, 500, 750]
     assert mean == pytest.approx([0.4, 0.7975, 0.8975])  # the early stop holds 0.995
     assert (lo[-1], hi[-1]) == (0.8, 0.995)
     row = {"hparams": {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1}, "best_lr": 1e-3, "n": 2,
            "curves": [[[250, 0.5], [500, 0.9]], [[250, 0.4], [500, 0.7]]]}
-    path = report.write_plot([row], {"x": "step", "name": "curves"}, tmp_path)
+    path = write_plot([row], {"x": "step", "name": "curves"}, tmp_path)
     assert path.name == "curves.png" and path.stat().st_size > 1000
 
 
 def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
-    from sweeps import report
+    from sweeps.report import study_trials
+    from sweeps.report.labels import label
+    from sweeps.report.rows import rows
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = optuna.create_study(study_name="ws", storage=url, direction="maximize")
@@ -509,7 +514,7 @@ def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
             params={"point": point}, value=0.9, user_attrs={"hparams": hp},
             distributions={"point": optuna.distributions.IntDistribution(0, 1)}))
     spec = load_spec(write_spec(tmp_path, "ws", {"seed_everything": [0]}))
-    papers = {report.label(r["hparams"]): r["paper"] for r in report.rows(spec, url)}
+    papers = {label(r["hparams"]): r["paper"] for r in rows(spec, study_trials(spec, url))}
     assert papers == {"BASED r=16": 91.9, "BASED r=16 (warm start)": None}
 
 
@@ -517,7 +522,7 @@ def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
 def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
     from optuna.trial import TrialState, create_trial
 
-    from sweeps import report
+    from sweeps.status import run_time_left, status_lines
 
     def run(state, seconds=None, reused=False):
         attrs = {} if seconds is None else {"wall_time_s": seconds}
@@ -531,19 +536,19 @@ def test_status_estimates_the_run_time_left_from_the_studys_own_runs(tmp_path):
     for t in [run(TrialState.COMPLETE, 100.0), run(TrialState.PRUNED, 50.0),
               run(TrialState.COMPLETE, 300.0), run(TrialState.COMPLETE, 9000.0, reused=True)]:
         study.add_trial(t)
-    assert report.run_time_left(study.get_trials()) == ""  # nothing queued
+    assert run_time_left(study.get_trials()) == ""  # nothing queued
     for _ in range(36):
         study.enqueue_trial({})
-    line = report.status_lines(optuna.storages.RDBStorage(url))[0]
+    line = status_lines(optuna.storages.RDBStorage(url))[0]
     assert line.startswith("eta ") and "complete 3  running 0  waiting 36  fail 0  pruned 1" in line
     assert line.endswith("~1.0 h of runs left (median run 100 s)")  # 36 x 100 s (reused: no nearer)
     fresh = optuna.create_study(study_name="fresh", storage=url)
     fresh.enqueue_trial({})
-    assert report.run_time_left(fresh.get_trials()) == ""  # no finished run to time
+    assert run_time_left(fresh.get_trials()) == ""  # no finished run to time
 
 
 def test_status_shows_each_running_trial_with_its_last_validation(tmp_path):
-    from sweeps import report
+    from sweeps.status import status_lines
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = optuna.create_study(study_name="live", storage=url, direction="maximize")
@@ -553,7 +558,7 @@ def test_status_shows_each_running_trial_with_its_last_validation(tmp_path):
         started.report(value, step)
     fresh = study.ask()
     study._storage.set_trial_system_attr(fresh._trial_id, "failed_trial", 0)
-    lines = report.status_lines(optuna.storages.RDBStorage(url))
+    lines = status_lines(optuna.storages.RDBStorage(url))
     assert lines[0].startswith("live ") and "running 2" in lines[0]
     since = study.get_trials()[0].datetime_start.strftime("%H:%M")
     assert lines[1] == f"  running: p4_lr0.001_seed0 since {since}, step 500: 0.5000"
@@ -565,7 +570,7 @@ def test_status_times_each_queued_run_by_its_nearest_finished_points(tmp_path):
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from sweeps import report
+    from sweeps.status import run_time_left
 
     dists = {"config": CategoricalDistribution(["a", "b"]),
              "model.mixers": CategoricalDistribution(["linear", "delta"]),
@@ -585,14 +590,14 @@ def test_status_times_each_queued_run_by_its_nearest_finished_points(tmp_path):
     study.enqueue_trial({"config": "b", "model.mixers": "linear", "model.lr": 1e-3})  # its point: 200
     # no finished run of (b, delta): the runs sharing one value, (a, delta) and (b, linear): 600
     study.enqueue_trial({"config": "b", "model.mixers": "delta", "model.lr": 1e-3})
-    assert report.run_time_left(study.get_trials()) == "  ~0.5 h of runs left (median run 160 s)"
+    assert run_time_left(study.get_trials()) == "  ~0.5 h of runs left (median run 160 s)"
 
 
 def test_status_times_a_point_unlike_any_own_run_by_a_nearer_reused_run(tmp_path):
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from sweeps import report
+    from sweeps.status import run_time_left
 
     dists = {"p": CategoricalDistribution([2, 6]), "rank": CategoricalDistribution([1, 2, 4])}
 
@@ -608,9 +613,9 @@ def test_status_times_a_point_unlike_any_own_run_by_a_nearer_reused_run(tmp_path
     study.enqueue_trial({"p": 6, "rank": 4})  # no own run shares a value; reused (6, 1): 1000
     study.enqueue_trial({"p": 2, "rank": 4})  # own (2, 2) and reused (2, 1) share p: own, 150
     study.enqueue_trial({"p": 2, "rank": 2})  # its own point: 150
-    assert report.run_time_left(study.get_trials()) == "  ~0.4 h of runs left (median run 150 s)"
+    assert run_time_left(study.get_trials()) == "  ~0.4 h of runs left (median run 150 s)"
     only_reused = optuna.create_study(direction="maximize")
     only_reused.add_trial(done(6, 1, 1000.0, reused=True))
     only_reused.enqueue_trial({"p": 6, "rank": 2})
-    assert report.run_time_left(only_reused.get_trials()) == \
+    assert run_time_left(only_reused.get_trials()) == \
         "  ~0.3 h of runs left (median run 1000 s)"

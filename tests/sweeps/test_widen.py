@@ -65,27 +65,6 @@ def test_sweep_run_widen_queues_and_runs_the_edge_lr(tmp_path):
     assert len(lrs) in (3, 4) and set(lrs) - {1e-3, 3e-3} <= {3.33e-4, 9e-3}
 
 
-def test_a_study_recorded_with_categorical_numbers_is_lifted_and_widened(tmp_path):
-    # as sweeps recorded grids before: every value categorical over the spec's choices
-    spec = write_spec(tmp_path, "legacy", {"seed_everything": [0]}, lr=[1.0e-3, 3.0e-3])
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    study = optuna.create_study(study_name="legacy", storage=url, direction="maximize")
-    for lr, value in [(1e-3, 0.5), (3e-3, 0.2)]:
-        params = {"model.lr": lr, "seed_everything": 0}
-        dists = {"model.lr": CategoricalDistribution([1e-3, 3e-3]),
-                 "seed_everything": CategoricalDistribution([0])}
-        study.add_trial(create_trial(state=TrialState.COMPLETE, params=params,
-                                     distributions=dists, value=value))
-    out = sweep("run", str(spec), "--storage", url, "--widen", "1", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    trials = optuna.load_study(study_name="legacy", storage=url).get_trials()
-    assert [(t.params["model.lr"], t.value) for t in trials[:2]] == [(1e-3, 0.5), (3e-3, 0.2)]
-    assert all(not isinstance(d, CategoricalDistribution)
-               for t in trials for d in t.distributions.values())
-    assert [(t.params["model.lr"], t.state) for t in trials[2:]] == \
-        [(3.33e-4, TrialState.COMPLETE)]
-
-
 def test_widen_with_a_second_spec_that_sets_its_own_lrs_runs_both_workers(tmp_path):
     # the second worker of each spec loads only that spec; --widen must not reject it there
     first = write_spec(tmp_path, "edge", {"seed_everything": [0]}, lr=[1.0e-3, 3.0e-3])

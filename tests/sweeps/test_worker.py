@@ -1,3 +1,4 @@
+import sys
 import time
 
 import optuna
@@ -39,3 +40,45 @@ def test_a_killed_run_queued_again_is_claimed_before_the_rest_of_the_queue(tmp_p
         storage.get_trial(killed).number
     assert points == [0, 1, 2]
     assert claim_waiting(study, storage) is None
+
+
+def test_main_gives_its_argv_to_the_workers_it_starts(tmp_path, monkeypatch):
+    """``main(argv)`` called from Python starts its ``--workers`` - 1 workers on ``argv`` (less
+    the storage options), not on the calling process's own ``sys.argv``."""
+    import yaml
+    from paths import config
+
+    import sweeps.__main__ as cli
+    import sweeps.worker
+
+    spec = tmp_path / "argv.yaml"
+    spec.write_text(yaml.safe_dump({
+        "study": "argv", "configs": [config("p4.yaml")], "profile": "smoke", "size": "tiny",
+        "grid": {"seed_everything": [0]}, "lr": [3.0e-3]}))
+    started = []
+    popen = cli.subprocess.Popen
+
+    class Child:
+        def wait(self) -> int:
+            return 0
+
+    def start(cmd, **kwargs):
+        if cmd[:3] != [sys.executable, "-m", "sweeps"]:
+            return popen(cmd, **kwargs)  # e.g. ctypes asking ldconfig
+        started.append((cmd, kwargs["env"]))
+        return Child()
+
+    monkeypatch.setattr(cli.subprocess, "Popen", start)
+    monkeypatch.setattr(sweeps.worker, "work", lambda *a, **k: 0)
+    monkeypatch.setattr(cli.sys, "argv", ["pytest", "--not-a-sweep-option"])
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", str(spec), "--workers", "3", "--threads", "1", "--storage", url]
+    monkeypatch.delenv("ARBENCH_SWEEP_WORKER", raising=False)
+    monkeypatch.delenv("ARBENCH_SWEEP_SPEC", raising=False)
+    assert cli.main(argv) == 0
+    assert [cmd[3:] for cmd, _ in started] == [["run", str(spec), "--workers", "3",
+                                                "--threads", "1"]] * 2
+    assert [cmd[1:3] for cmd, _ in started] == [["-m", "sweeps"]] * 2
+    assert [env["ARBENCH_STORAGE"] for _, env in started] == [url] * 2
+    assert [env["ARBENCH_SWEEP_WORKER"] for _, env in started] == ["w1", "w2"]

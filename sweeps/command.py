@@ -1,0 +1,55 @@
+"""The ``main.py`` command of a grid point, and a check that every point's command builds."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Any
+
+from sweeps.spec import SpecError, SweepSpec
+from sweeps.trials import VARYING, point_key
+
+
+def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str) -> list[str]:
+    """``main.py`` arguments (no subcommand) of one trial: configs, size, profile, the point's
+    keys."""
+    args: list[str] = []
+    for cfg in spec.configs:
+        args += ["--config", cfg]
+    if "config" in params:  # one config file, or a list of them that compose
+        cfgs = params["config"]
+        for cfg in cfgs if isinstance(cfgs, (list, tuple)) else [cfgs]:
+            args += ["--config", str(cfg)]
+    if spec.size_path:
+        args += ["--config", spec.size_path]
+    args += ["--config", spec.profile_path, *spec.args]
+    for key, value in params.items():
+        if key != "config":  # strings go bare: jsonargparse would keep JSON's quotes
+            args.append(f"--{key}={value if isinstance(value, str) else json.dumps(value)}")
+    args += [f"--trainer.logger.init_args.save_dir={save_dir}",
+             f"--trainer.logger.init_args.name={name}",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    return args
+
+
+def validate_points(spec: SweepSpec) -> None:
+    """Instantiate model and data of every distinct point (seed and lr aside); bad values
+    raise SpecError."""
+    from arbench.cli import CliError, build_cli  # here: keeps torch out of CLI start-up
+
+    seen = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for point in spec.points():
+            key = point_key(point)
+            if key in seen:
+                continue
+            seen.add(key)
+            shown = json.dumps({k: v for k, v in point.items() if k not in VARYING},
+                               sort_keys=True)
+            try:
+                build_cli(trial_args(spec, point, tmp, "check"), run=False)
+            except CliError as err:
+                raise SpecError(f"grid point {shown}: {err}") from None
+            except SystemExit:
+                raise SpecError(f"grid point {shown} is not a valid main.py configuration "
+                                "(see the message above)") from None

@@ -1,0 +1,105 @@
+"""Row names and hparam filters of the sweep reports.
+
+Row names and hparam filters of the sweep reports: a row's label from its hparams, and
+whether its hparams match a ``where:`` / claim selector.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from arbench.defaults import TRAINING_DEFAULTS, ZOOLOGY_RECIPE
+from arbench.registry import FEATURE_MIXERS
+
+
+def label(hp: dict[str, Any]) -> str:
+    """Row name: method and its sizes, plus the denominator when there is one."""
+    fm = hp.get("feature_map", "?")
+    if fm == "Based":
+        text = f"BASED r={hp.get('r')}"
+    elif fm == "softmax":
+        return "softmax"
+    else:  # a map's sizes, those it has (elu+1 has no degree: its m is the head dim)
+        sizes = [f"{k}={hp[k]}" for k in ("p", "m") if hp.get(k) is not None]
+        text = " ".join([fm, *sizes])
+        text += f" t={hp['rank']}" if fm == "LLoPS" else ""
+    norm = hp.get("normalize")
+    text += f" denominator={norm}" if norm not in (None, "none") else ""
+    return text + variant(hp) + training_label(hp)
+
+
+def with_training_defaults(hp: dict[str, Any]) -> dict[str, Any]:
+    """``hp`` with :data:`arbench.defaults.TRAINING_DEFAULTS` filled in where it holds no
+    value."""
+    return {**TRAINING_DEFAULTS, **{k: v for k, v in hp.items() if v is not None}}
+
+
+def training_label(hp: dict[str, Any]) -> str:
+    """How a row's runs were trained where it is not arbench's default, e.g.
+    ``" zoology recipe bf16-mixed"``: the recipe switches (all of zoology's as one name), then
+    the precision. Runs recorded before these were hparams count as the defaults."""
+    hp = with_training_defaults(hp)
+    parts = []
+    if all(hp[k] == v for k, v in ZOOLOGY_RECIPE.items()):
+        parts.append("zoology recipe")
+    else:
+        if hp["embedding_dropout"]:
+            parts.append(f"emb-dropout {hp['embedding_dropout']:g}")
+        if hp["betas"] != TRAINING_DEFAULTS["betas"]:
+            parts.append(f"betas {hp['betas']}")
+        if hp["weight_decay_scope"] != "matrices":
+            parts.append("wd on all params")
+        if hp["lr_schedule"] != "cosine":
+            parts.append(f"{hp['lr_schedule']} schedule")
+        if not hp["shuffle"]:
+            parts.append("unshuffled")
+    if hp["precision"] not in ("32-true", "32"):
+        parts.append(str(hp["precision"]))
+    return "".join(f" {p}" for p in parts)
+
+
+def variant(hp: dict[str, Any]) -> str:
+    """The diagnosis switches a row's run used, e.g. ``" qk-norm affine"`` (empty: none)."""
+    parts = [name for name, on in (("qk-norm", hp.get("qk_norm")), ("φ²", hp.get("square")),
+                                   ("affine", hp.get("affine"))) if on]
+    rules = [m for m in str(hp.get("mixers", "")).split(",")
+             if m in FEATURE_MIXERS and m != "linear"]
+    parts += [f"[{rule}]" for rule in dict.fromkeys(rules)]  # gated / delta state updates
+    if hp.get("init_from"):
+        parts.append("(warm start)")
+    if hp.get("block") == "zoology":
+        parts.append("zoology block")
+    if hp.get("init_std") not in (None, "default"):
+        parts.append(f"init N(0, {hp['init_std']}²)")
+    if hp.get("init") not in (None, "variance"):
+        parts.append(f"init {hp['init']}")
+    wd, fm_wd = hp.get("weight_decay"), hp.get("feature_map_weight_decay")
+    if fm_wd is not None and wd is not None and fm_wd != wd:
+        parts.append(f"feature-map wd={fm_wd:g}")
+    return "".join(f" {p}" for p in parts)
+
+
+def variant_name(hp: dict[str, Any]) -> str:
+    """:func:`variant` as a name, e.g. ``"qk-norm"``; ``"baseline"`` for none."""
+    return variant(hp).strip() or "baseline"
+
+
+def hparams_match(hp: dict[str, Any], key: str, want: Any) -> bool:
+    """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams;
+    ``"variant"`` is the row's diagnosis switches as its label names them
+    (:func:`variant_name`)."""
+    if key == "variant":
+        name = variant_name(hp)
+        return name in want if isinstance(want, list) else name == want
+    hp = with_training_defaults(hp)
+    names = key.split("*")
+    if any(hp.get(n) is None for n in names):
+        return False
+    value = math.prod(hp[n] for n in names) if len(names) > 1 else hp[key]
+    return value in want if isinstance(want, list) else value == want
+
+
+def matches_all(hp: dict[str, Any], where: dict[str, Any]) -> bool:
+    """:func:`hparams_match` of every ``key: want`` of ``where``."""
+    return all(hparams_match(hp, k, v) for k, v in where.items())

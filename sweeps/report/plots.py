@@ -1,0 +1,192 @@
+"""The spec's plots of a report: accuracy against an hparam, or learning curves.
+
+The spec's plots: accuracy against an hparam (one line per series, or a marker per
+method), or learning curves, over the rows of the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from sweeps.report.labels import label, matches_all, variant_name
+
+
+def mean_curve(curves: list[list]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps and the mean, min and max of val/acc over ``curves`` ((step, acc) lists) at each
+    step any of them reached; a run that stopped early (at the 0.99 threshold) holds its last
+    value."""
+    steps = sorted({int(s) for c in curves for s, _ in c})
+    rows = []
+    for c in curves:
+        if not c:
+            continue
+        at = dict((int(s), a) for s, a in c)
+        last, row = None, []
+        for s in steps:
+            last = at.get(s, last)
+            row.append(last)
+        rows.append(row)
+    cols = [[r[i] for r in rows if r[i] is not None] for i in range(len(steps))]
+    keep = [i for i, col in enumerate(cols) if col]
+    return ([steps[i] for i in keep], [statistics.fmean(cols[i]) for i in keep],
+            [min(cols[i]) for i in keep], [max(cols[i]) for i in keep])
+
+
+def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Accuracy (mean ± std) against ``plot['x']``, one line per ``plot['series']`` value (an
+    hparam, or ``variant``: the diagnosis switches), over the rows matching ``plot['where']``
+    (``{hparam: value or [values]}``, optional). ``x: step`` draws learning curves instead
+    (:func:`write_curves`); ``marker_by: method`` draws unjoined points instead
+    (:func:`write_marked_plot`)."""
+    if plot["x"] == "step":
+        return write_curves(table, plot, out)
+    if plot.get("marker_by") == "method":
+        return write_marked_plot(table, plot, out)
+    import matplotlib  # here: keeps matplotlib out of CLI start-up
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key, series_key = plot["x"], plot.get("series", "feature_map")
+    groups: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for r in plotted_rows(table, plot):
+        hp = r["hparams"]
+        if series_key == "feature_map":
+            name = str(hp.get("feature_map"))
+        elif series_key == "variant":  # the diagnosis switches (report.variant)
+            name = variant_name(hp)
+        else:
+            name = f"{series_key}={hp.get(series_key)}"
+        groups[name].append((float(hp[x_key]), *plotted_value(r, plot)))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, pts in sorted(groups.items()):
+        pts.sort()
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                    marker="o", capsize=3, label=name)
+    if plot.get("xscale") == "log":
+        log_x_axis(ax, {x for pts in groups.values() for x, _, _ in pts})
+    return finish_plot(fig, ax, x_key, y_label(plot),
+                       plot.get("title", f"accuracy vs {x_key}"),
+                       out / f"{plot.get('name', 'acc_vs_' + x_key)}.png")
+
+
+def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Validation accuracy against training step (``x: step``): one line per row (a point at
+    its best lr), the mean over its seeds with their range shaded."""
+    import matplotlib  # here: keeps matplotlib out of CLI start-up
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    where = plot.get("where") or {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in table:
+        if not matches_all(r["hparams"], where):
+            continue
+        steps, mean, lo, hi = mean_curve(r["curves"])
+        if not steps:
+            continue
+        line, = ax.plot(steps, [100 * v for v in mean], marker=".",
+                        label=f"{label(r['hparams'])} "
+                              f"(lr {r['best_lr']:g}, n={r['n']})")
+        ax.fill_between(steps, [100 * v for v in lo], [100 * v for v in hi], alpha=0.15,
+                        color=line.get_color())
+    return finish_plot(fig, ax, "training step", "val accuracy % (mean over seeds; range shaded)",
+                       plot.get("title", "learning curves at each point's best lr"),
+                       out / f"{plot.get('name', 'learning_curves')}.png", legend_size=7)
+
+
+def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
+    """Accuracy (mean ± std) against ``plot['x']`` as unjoined points: a colour per
+    ``plot['series']`` hparam value and a marker shape per method (:func:`label` without the
+    series hparam), so that
+    methods sharing an x (LLoPS p=2 and p=4 have one state size) stay apart. Each series is
+    nudged sideways by 1.5% of x so that its error bars do not hide another's."""
+    import matplotlib  # here: keeps matplotlib out of CLI start-up
+
+    matplotlib.use("Agg")
+    import matplotlib.lines
+    import matplotlib.pyplot as plt
+
+    x_key, series_key = plot["x"], plot.get("series", "mixers")
+    points = [(str(r["hparams"].get(series_key)),
+               label({k: v for k, v in r["hparams"].items() if k != series_key}),
+               float(r["hparams"][x_key]), *plotted_value(r, plot))
+              for r in plotted_rows(table, plot)]
+    series = sorted({p[0] for p in points})
+    methods = sorted({p[1] for p in points})
+    colours = {s: f"C{i}" for i, s in enumerate(series)}
+    shapes = {m: "osD^vP*X"[i % 8] for i, m in enumerate(methods)}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for s, m, x, y, e in points:
+        nudge = 1 + 0.015 * (series.index(s) - (len(series) - 1) / 2)
+        ax.errorbar([x * nudge], [y], yerr=[e], color=colours[s], marker=shapes[m],
+                    linestyle="none", capsize=3, label=f"{series_key}={s} · {m}")
+    if plot.get("xscale") == "log":
+        log_x_axis(ax, {p[2] for p in points}, rotation=30)
+    handles = [matplotlib.lines.Line2D([], [], color=colours[s], linestyle="none", marker="o",
+                                       label=f"{series_key}={s}") for s in series]
+    handles += [matplotlib.lines.Line2D([], [], color="k", linestyle="none", marker=shapes[m],
+                                        label=m) for m in methods]
+    return finish_plot(fig, ax, x_key, y_label(plot),
+                       plot.get("title", f"accuracy vs {x_key}"),
+                       out / f"{plot.get('name', 'acc_vs_' + x_key)}.png", handles=handles)
+
+
+def plotted_rows(table: list[dict[str, Any]], plot: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``table`` that have ``plot['x']`` and match ``plot['where']`` (and, with
+    ``plot['y']`` a slice, that have that slice)."""
+    where = plot.get("where") or {}
+    y = plot.get("y")
+    return [r for r in table if r["hparams"].get(plot["x"]) is not None
+            and matches_all(r["hparams"], where)
+            and (y is None or r.get("slice_values", {}).get(y))]
+
+
+def y_label(plot: dict[str, Any]) -> str:
+    """The y axis of a plot: the objective's accuracy, or one slice's."""
+    where = f" on {plot['y']}" if plot.get("y") else ""
+    return f"accuracy{where} % (mean ± std over seeds)"
+
+
+def plotted_value(row: dict[str, Any], plot: dict[str, Any]) -> tuple[float, float]:
+    """A row's y as (mean, sample std) in percent over its best lr's runs: the objective, or
+    with ``plot['y']`` the accuracy on that slice (e.g. ``L1024_N256``)."""
+    y = plot.get("y")
+    if y is None:
+        return 100 * row["mean"], 100 * row["std"]
+    values = row["slice_values"][y]
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return 100 * statistics.fmean(values), 100 * std
+
+
+def log_x_axis(ax: Any, xs: set[float], rotation: int = 0) -> None:
+    """A log x axis; up to 8 distinct ``xs`` are labelled by their own values, not by powers
+    of ten."""
+    import matplotlib.ticker  # here: keeps matplotlib out of CLI start-up
+
+    ax.set_xscale("log")
+    xs_sorted = sorted(xs)
+    if 0 < len(xs_sorted) <= 8:
+        ax.set_xticks(xs_sorted, [f"{x:g}" for x in xs_sorted], rotation=rotation)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+                legend_size: int = 8, handles: list[Any] | None = None) -> Path:
+    """Label, grid and legend ``ax``, save ``fig`` to ``path`` (120 dpi) and close it."""
+    import matplotlib.pyplot as plt  # here: keeps matplotlib out of CLI start-up
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(handles=handles, fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

@@ -1,0 +1,73 @@
+"""The table's rows: one per point at its best learning rate, mean ± std over its seeds.
+
+For every point and lr, accuracy is averaged over seeds (:func:`sweeps.trials.by_point_and_lr`);
+the lr with the best mean is the point's best lr, and the row reports mean ± std (sample std,
+n seeds) there, per-slice means, state size and the paper's value where one matches
+(``sweeps.paper``), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
+the best lr's runs that converged, :mod:`arbench.curves`), collapsed runs at the best lr, and
+whether the best lr sits at an edge of the lrs tried.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweeps.paper import paper_value
+from sweeps.report.labels import variant
+from sweeps.spec import SweepSpec
+from sweeps.trials import SEED, Trials, best_lr, by_point_and_lr, run_value
+
+ROW_ORDER = ("feature_map", "p", "rank", "m", "r", "d_model")
+"""Rows are sorted by these hparams."""
+
+
+def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
+    """One row per point of ``trials`` (the study's) at its best lr."""
+    out = []
+    maximize = spec.direction == "maximize"
+    for point, by_lr in by_point_and_lr(trials).items():
+        best = best_lr(by_lr, maximize)
+        at_best = by_lr[best]
+        values = [run_value(t, maximize) for t in at_best]
+        hp = dict(next((t.user_attrs["hparams"] for ts in by_lr.values() for t in ts
+                        if t.user_attrs.get("hparams")), {}))
+        slices: dict[str, list[float]] = defaultdict(list)
+        for t in at_best:
+            for name, acc in (t.user_attrs.get("slices") or {}).items():
+                slices[name].append(acc)
+        examples = [t.user_attrs["example_acc"] for t in at_best
+                    if t.user_attrs.get("example_acc") is not None]
+        tokens = [t.user_attrs["val_acc"] for t in at_best
+                  if t.user_attrs.get("val_acc") is not None]
+        verdicts = [t.user_attrs.get("converged") for t in at_best]
+        known = [bool(v) for v in verdicts if v is not None]
+        lrs = sorted(by_lr)
+        out.append({
+            "point": dict(point), "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
+            "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
+            "converged": sum(known) / len(known) if known else math.nan,
+            "not_converged": len(known) - sum(known),
+            "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in at_best),
+            "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
+                               if t.user_attrs.get("device")}),
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
+            "pruned": sum(t.state == TrialState.PRUNED for t in at_best),
+            "lr_means": {lr: statistics.fmean(run_value(t, maximize) for t in ts)
+                         for lr, ts in by_lr.items()},
+            "seed_values": {t.params.get(SEED): run_value(t, maximize) for t in at_best},
+            "curves": [t.user_attrs.get("val_curve") or [] for t in at_best],
+            "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
+            "slice_values": {k: list(v) for k, v in sorted(slices.items())},
+            "example_acc": examples, "token_acc": tokens,
+            "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
+            "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
+                               for t in ts),
+        })
+    out.sort(key=lambda r: tuple(str(r["hparams"].get(k, "")).zfill(6) for k in ROW_ORDER))
+    return out

@@ -1,0 +1,47 @@
+"""``runs.csv``: one row per run of the study (every trial, whatever its state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from arbench.tables import write_csv
+from sweeps.spec import SweepSpec
+from sweeps.trials import LR, SEED, VARYING, Trials, run_value
+
+RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged",
+              "collapsed_at", "wall_time_s", "fail_reason", "reused_from")
+
+
+def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
+    """One row per trial of the study: its grid values, lr, seed, best and last val/acc,
+    steps, the convergence and collapse verdicts, wall time and state (fail reason)."""
+    keys = sorted({k for t in trials for k in t.params if k not in VARYING})
+    out = []
+    for t in trials:
+        ua = dict(t.user_attrs)
+        if t.state == TrialState.PRUNED and t.intermediate_values:
+            steps = sorted(t.intermediate_values)
+            ua.setdefault("val_acc", run_value(t, spec.direction == "maximize"))
+            ua.setdefault("last_val_acc", t.intermediate_values[steps[-1]])
+            ua.setdefault("global_step", steps[-1])
+        out.append({"trial": t.number, "state": t.state.name.lower(),
+                    **{k: t.params.get(k) for k in keys},
+                    "lr": t.params.get(LR), "seed": t.params.get(SEED),
+                    "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
+                    "steps": ua.get("global_step"), "converged": ua.get("converged"),
+                    "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
+                    "fail_reason": ua.get("fail_reason"), "reused_from": ua.get("reused_from")})
+        if any("example_acc" in tr.user_attrs for tr in trials):  # runs since zoology's metric
+            out[-1].update(example_acc=ua.get("example_acc"),
+                           last_example_acc=ua.get("last_example_acc"))
+    return out
+
+
+def write_runs(spec: SweepSpec, trials: Trials, out: Path) -> Path:
+    """``runs.csv``: :func:`run_rows`, one row per run."""
+    runs = run_rows(spec, trials)
+    return write_csv(out / "runs.csv", runs, None if runs else RUN_FIELDS)
+

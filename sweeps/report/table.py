@@ -1,0 +1,167 @@
+"""``table.md`` and ``table.csv``: the rows with the protocol's flags, and the claims.
+
+``table.md`` and ``table.csv``: the rows (:mod:`sweeps.report.rows`) with the protocol's
+flags, the per-slice means, and the spec's claims checked seed by seed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from arbench.tables import markdown_row, markdown_table, write_csv
+from sweeps.paper import paper_gain_text
+from sweeps.report.labels import label, matches_all
+from sweeps.spec import SweepSpec
+
+
+def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list[Path]:
+    """``table.md`` (a title, what the columns mean, a row per point, the claims) and
+    ``table.csv`` (the same rows as numbers) in ``out``."""
+    slice_names = sorted({k for r in table for k in r["slices"]},
+                         key=lambda name: [int(x) for x in re.findall(r"\d+", name)])
+    with_examples = any(r.get("example_acc") for r in table)  # runs since zoology's metric
+    # beside the objective, the other accuracy: per example (zoology's) or per answer token
+    by_example = spec.metric.startswith("val/example_acc")
+    other, other_name = ("token_acc", "token acc %") if by_example else \
+        ("example_acc", "example acc %")
+    header = ["method", "d_model", "state size", "best lr (of n_lrs)", "acc % (mean ± std, n)",
+              *([other_name] if with_examples else []),
+              "paper %", "converged", "flags", *slice_names, "train time s (all runs)"]
+    md = [f"# {spec.study} ({spec.profile} profile)", "",
+          f"Objective {spec.metric}: the best validation of each run "
+          f"({METRIC_TEXT.get(spec.metric, 'accuracy on one slice')}), "
+          "mean ± sample std over seeds at the point's best learning rate. "
+          "Per-slice columns are means at that lr. Paper values: SPEC.md §4 (their protocol, "
+          "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
+          "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
+          "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
+          "start after halving), runs at the best lr that had not converged, runs there "
+          "stopped by the pruner (counted with the best they had reached), a best lr at the "
+          "edge of the lrs tried. One row per run: runs.csv." + (
+              f" *{other_name.removesuffix(' %')}*: "
+              + ("val/acc (micro accuracy over answer positions" if by_example else
+                 "zoology's metric (mean over examples of each example's accuracy")
+              + ", each run's best), mean ± std at the same lr." if with_examples else ""), "",
+          *markdown_table(header)]
+    devices = sorted({d for r in table for d in r["devices"]})
+    if devices:
+        md[2:2] = [f"Device: {', '.join(devices)}.", ""]
+    if spec.description:
+        md[2:2] = [spec.description, ""]
+    csv_rows = []
+    for r in table:
+        hp = r["hparams"]
+        paper = "" if r["paper"] is None else f"{r['paper']:.1f}"
+        cells = [label(hp), hp.get("d_model"), hp.get("state_size"),
+                 f"{r['best_lr']:g} ({r['n_lrs']})",
+                 f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})",
+                 *([mean_std_text(r[other])] if with_examples else []), paper,
+                 "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
+                 *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
+                 f"{r['wall_time_s']:.0f}"]
+        md.append(markdown_row(cells))
+        csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
+            "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
+            "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
+            **({f"{other}_mean": statistics.fmean(r[other]) if r[other] else None}
+               if with_examples else {}),
+            "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
+            "pruned": r["pruned"], "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
+            **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
+            "wall_time_s": r["wall_time_s"]})
+    claims = claim_rows(table, getattr(spec, "claims", []))
+    if claims:
+        md += ["", "## Claims, seed by seed (each side at its best lr)", "",
+               *claims_text(claims)]
+    md_path, csv_path = out / "table.md", out / "table.csv"
+    md_path.write_text("\n".join(md) + "\n")
+    write_csv(csv_path, csv_rows, None if csv_rows else ["method"])
+    return [md_path, csv_path]
+
+
+METRIC_TEXT = {"val/acc": "micro accuracy over answer positions",
+               "val/example_acc": "zoology's metric: the mean over examples of each "
+                                  "example's accuracy"}
+
+
+def mean_std_text(values: list[float]) -> str:
+    """``"mean ± std (n)"`` in percent; ``"–"`` for no values."""
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f} ({len(values)})"
+
+
+def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each claim checked seed by seed: the row matching ``better`` against the row matching
+    ``worse`` (each at its best lr), over the seeds both have: ``k`` of ``n`` seeds where the
+    claim holds, and the mean ± sample std of the gap (better − worse). A claim whose rows are
+    missing or ambiguous says so in ``status``."""
+    out = []
+    for claim in claims:
+        picked = []
+        for side in ("better", "worse"):
+            hits = [r for r in table if matches_all(r["hparams"], claim[side])]
+            picked.append(hits[0] if len(hits) == 1 else None)
+            if len(hits) != 1:
+                status = f"{len(hits)} rows match {side} {claim[side]}"
+        row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
+               "gain": math.nan, "status": "ok",
+               "paper_gain": paper_gain_text(claim["paper_gain"]) if "paper_gain" in claim
+               else None}
+        if None in picked:
+            out.append({**row, "status": status})
+            continue
+        a, b = picked
+        seeds = sorted(set(a["seed_values"]) & set(b["seed_values"]), key=str)
+        gaps = [a["seed_values"][s] - b["seed_values"][s] for s in seeds]
+        row.update(k=sum(g > 0 for g in gaps), n=len(gaps),
+                   gain=relative_gain([a["seed_values"][s] for s in seeds],
+                                      [b["seed_values"][s] for s in seeds]),
+                   gap_mean=statistics.fmean(gaps) if gaps else math.nan,
+                   gap_std=statistics.stdev(gaps) if len(gaps) > 1 else math.nan)
+        out.append(row)
+    return out
+
+
+def relative_gain(better: list[float], worse: list[float]) -> float:
+    """mean(better) / mean(worse) − 1 over the same seeds (nan when undefined)."""
+    if not better or not worse or statistics.fmean(worse) == 0:
+        return math.nan
+    return statistics.fmean(better) / statistics.fmean(worse) - 1
+
+
+def claims_text(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: "claim: holds in k of n seeds, mean gap ± std points"."""
+    lines = []
+    for r in rows:
+        if r["status"] != "ok" or not r["n"]:
+            lines.append(f"- {r['claim']}: not checked ({r['status']})")
+            continue
+        spread = f" ± {100 * r['gap_std']:.1f}" if r["n"] > 1 else ""
+        paper = "" if not r.get("paper_gain") else \
+            f"; relative gain {100 * r['gain']:+.1f}% (the paper: {r['paper_gain']})"
+        lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
+                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}")
+    return lines
+
+
+def flags(row: dict[str, Any]) -> str:
+    """The protocol's warnings for a table row: collapsed runs, runs at the best lr that had
+    not converged, runs there that the pruner stopped (counted with the best they had
+    reached), best lr at a grid edge."""
+    out = []
+    if row["collapsed"]:
+        out.append(f"{row['collapsed']} collapsed")
+    if row.get("not_converged"):
+        out.append(f"{row['not_converged']} of {row['n']} not converged")
+    if row.get("pruned"):
+        out.append(f"{row['pruned']} pruned")
+    if row["lr_at_edge"]:
+        out.append("best lr at grid edge")
+    return "; ".join(out)
+

@@ -1,0 +1,42 @@
+"""The spec's Optuna study: its sampler and pruner, created or opened in a storage."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.storages import RDBStorage
+
+from sweeps.spec import SweepSpec, make_pruner
+
+
+def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+    """The spec's sampler for asking new points (grid points are enqueued, not sampled)."""
+    if spec.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=0)
+    return optuna.samplers.RandomSampler(seed=0)
+
+
+def study_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
+    """The spec's pruner; on a grid, deciding within each bracket (``sweeps.pruning``)."""
+    pruner = make_pruner(spec.pruner, spec.pruner_args)
+    if spec.sampler == "grid" and spec.pruner != "none":
+        from sweeps.pruning import BracketPruner  # here: keeps Lightning out of CLI start-up
+
+        return BracketPruner(pruner, grid_lrs=spec.lr or None)
+    return pruner
+
+
+def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
+    """Create (or open) the spec's study with its sampler and pruner."""
+    study = optuna.create_study(study_name=spec.study, storage=storage,
+                                sampler=make_sampler(spec),
+                                pruner=study_pruner(spec), direction=spec.direction,
+                                load_if_exists=True)
+    study.set_user_attr("spec", str(spec.path))
+    study.set_user_attr("profile", spec.profile)
+    return study
+
+
+def load_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
+    """Open the spec's existing study with its sampler and pruner."""
+    return optuna.load_study(study_name=spec.study, storage=storage, sampler=make_sampler(spec),
+                             pruner=study_pruner(spec))

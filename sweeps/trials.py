@@ -1,0 +1,122 @@
+"""Pure records of a study's trials: states, grid points and their keys, best lr, lock names.
+
+A *grid point* is the values a trial was queued with (``fixed_params``). A *point* in the
+tables is a grid point less :data:`VARYING` (seed and lr): for every point and lr, accuracy is
+averaged over seeds, and the lr with the best mean is the point's best lr. Nothing here reads
+or writes a storage; every function takes trials already loaded.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+Trial = optuna.trial.FrozenTrial
+Trials = list[optuna.trial.FrozenTrial]
+
+LR = "model.lr"
+SEED = "seed_everything"
+VARYING = (SEED, LR)
+"""The grid keys a point varies over: its rows average over seeds at its best lr."""
+
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+"""Trials that will not run again."""
+UNFINISHED = (TrialState.WAITING, TrialState.RUNNING)
+"""Trials queued or running: a point with one is busy."""
+RESULTS = (TrialState.COMPLETE, TrialState.PRUNED)
+"""Trials that hold a result (a pruned run counts with the best it had reached)."""
+OPEN = (*RESULTS, *UNFINISHED)
+"""Trials that stand for their point: it needs no retry."""
+STARTED = (*FINISHED, TrialState.RUNNING)
+"""Trials a sampled (not grid) sweep counts towards its ``n_trials``."""
+STATE_NAMES = ("complete", "running", "waiting", "fail", "pruned")
+"""The states as the status lines and the run summary count them, in that order."""
+
+LOCK_PREFIX = "_arbench_lock::"
+"""Queueing-lock studies are named ``<LOCK_PREFIX><study>``; one exists only while a process
+queues."""
+
+
+def lock_study_name(study_name: str) -> str:
+    """The name of ``study_name``'s queueing-lock study."""
+    return f"{LOCK_PREFIX}{study_name}"
+
+
+def is_lock_study(name: str) -> bool:
+    """A queueing lock, not a user's study."""
+    return name.startswith(LOCK_PREFIX)
+
+
+def is_number(value: Any) -> bool:
+    """An int or float grid value (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def grid_point(trial: Trial) -> dict[str, Any]:
+    """The grid point a trial runs (queued as ``fixed_params``)."""
+    return trial.system_attrs.get("fixed_params") or trial.params
+
+
+def point_values(params: dict[str, Any], free: Iterable[str] = VARYING) -> dict[str, str]:
+    """``params`` less the keys in ``free``, the values as strings."""
+    free = tuple(free)
+    return {k: str(v) for k, v in params.items() if k not in free}
+
+
+def point_key(params: dict[str, Any], free: Iterable[str] = VARYING) -> tuple:
+    """The key trials are grouped by: :func:`point_values` as a sorted tuple. ``free`` names
+    the keys that do not tell groups apart: seed and lr for a table's point, the lr alone for
+    a pruning bracket, none for a grid point."""
+    return tuple(sorted(point_values(params, free).items()))
+
+
+def state_counts(trials: Trials) -> dict[str, int]:
+    """``{complete, running, waiting, fail, pruned: count}`` of ``trials``."""
+    counts = Counter(t.state.name.lower() for t in trials)
+    return {k: counts.get(k, 0) for k in STATE_NAMES}
+
+
+def run_value(t: Trial, maximize: bool = True) -> float:
+    """A run's objective: its value when it completed; for a run the pruner stopped, the
+    best it had reached (its best intermediate value), as :mod:`sweeps.halving` counts it."""
+    if t.state == TrialState.PRUNED:
+        reached = t.intermediate_values.values()
+        return max(reached) if maximize else min(reached)
+    return t.value
+
+
+def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
+    """Finished ``trials`` (completed, or pruned after at least one validation) grouped by
+    point (:func:`point_key`), then by lr. A pruned run stays in its lr's group, counted by
+    :func:`run_value`: leaving it out would average that lr over only the seeds that survived
+    halving."""
+    grouped: dict[tuple, dict[float, Trials]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED
+                                              and t.intermediate_values):
+            grouped[point_key(t.params)][t.params.get(LR, 0.0)].append(t)
+    return grouped
+
+
+def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:
+    """The lr whose trials have the best mean objective (over seeds, :func:`run_value`)."""
+    sign = 1 if maximize else -1
+    return max(by_lr, key=lambda lr: sign * statistics.fmean(run_value(t, maximize)
+                                                             for t in by_lr[lr]))
+
+
+def failed_points(trials: Trials) -> Trials:
+    """The latest failed trial of every grid point that has failed and has no trial complete,
+    pruned, running or waiting: the points a ``--retry-failed`` run queues again."""
+    by_point: dict[tuple, Trials] = {}
+    for trial in trials:
+        by_point.setdefault(point_key(grid_point(trial), free=()), []).append(trial)
+    return [max((t for t in group if t.state == TrialState.FAIL), key=lambda t: t.number)
+            for group in by_point.values()
+            if not any(t.state in OPEN for t in group)
+            and any(t.state == TrialState.FAIL for t in group)]
