@@ -27,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from arbench import kernels
 from arbench.checks import check_int
 from arbench.kernels.compiled import compiled_cp_product
+from arbench.naive import naive_cp_product, naive_projected_power, naive_taylor_features
 from arbench.precision import cpu_kernels, use_cpu_kernels, use_cuda_kernels
 
 
@@ -60,7 +61,7 @@ class FeatureMap(nn.Module):
         return float(counter.get_total_flops())
 
 
-# ---- reference forms: the definitions the CPU kernels of arbench.kernels must equal ----------
+# ---- the weight layout the CP product's forms share ---------------------------------------------
 
 def cp_weights(theta: torch.Tensor, bias: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -73,42 +74,6 @@ def cp_weights(theta: torch.Tensor, bias: torch.Tensor | None = None,
     return w, b
 
 
-def cp_product(x: torch.Tensor, w: torch.Tensor, p: int, rank: int,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Σ_r Π_j (x W_{j,r} + b_{j,r}) in plain tensor ops. ``x``: ``(..., d)``; ``w``, ``bias``:
-    the factor-major layout of :func:`cp_weights`; returns ``(..., m)``."""
-    proj = x @ w if bias is None else x @ w + bias
-    factors = proj.unflatten(-1, (p, w.shape[1] // p))
-    out = factors[..., 0, :]
-    for j in range(1, p):
-        out = out * factors[..., j, :]
-    return out.unflatten(-1, (rank, -1)).sum(dim=-2)
-
-
-def int_power(y: torch.Tensor, p: int) -> torch.Tensor:
-    """``y ** p`` for an integer ``p >= 1`` by left-to-right binary powering (p = 4: two
-    squarings; p = 6: y², y³, y⁶)."""
-    out = y
-    for bit in bin(p)[3:]:  # the bits after the leading one
-        out = out * out
-        if bit == "1":
-            out = out * y
-    return out
-
-
-def projected_power(x: torch.Tensor, w: torch.Tensor, p: int) -> torch.Tensor:
-    """``(x @ w) ** p`` elementwise in plain tensor ops. ``x``: ``(..., d)``, ``w``:
-    ``(d, m)``; returns ``(..., m)``."""
-    return int_power(x @ w, p)
-
-
-def taylor_features(xt: torch.Tensor, a: float, b: float) -> torch.Tensor:
-    """``[1, a·x̃, b·vec(x̃ x̃ᵀ)]``: ``(..., r)`` → ``(..., 1 + r + r²)`` (BASED's map of the
-    projection x̃)."""
-    second = ((xt * b).unsqueeze(-1) * xt.unsqueeze(-2)).flatten(-2)
-    return torch.cat([torch.ones_like(xt[..., :1]), xt * a, second], dim=-1)
-
-
 # ---- where the kernels run: the CPU kernel on a CPU (precision.use_cpu_kernels), the compiled
 # CP product on a GPU (precision.use_cuda_kernels), else the reference -------------------------
 
@@ -117,7 +82,7 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor,
     """Σ_r Π_j (x Θ_{j,r} + c_{j,r}) with ``theta`` of shape ``(rank, p, d, m)`` and ``bias``
     (the constants c, affine factors) of shape ``(rank, p, m)`` or None (c = 0): one matmul of x
     against all ``rank·p`` projections (:func:`cp_weights`), a product over p and a sum over
-    rank (:func:`cp_product`; :func:`arbench.kernels.cp_product` on a CPU,
+    rank (:func:`arbench.naive.naive_cp_product`; :func:`arbench.kernels.cp_product` on a CPU,
     :func:`arbench.kernels.compiled.compiled_cp_product` on a GPU).
     ``x``: ``(..., d)``; returns ``(..., m)``."""
     rank, p = theta.shape[:2]
@@ -125,18 +90,18 @@ def cp_polynomial(x: torch.Tensor, theta: torch.Tensor,
     if p > 1 and use_cuda_kernels(x):
         return compiled_cp_product(x, w, p, rank, b)
     if p == 1 or not use_cpu_kernels(x):
-        return cp_product(x, w, p, rank, b)
+        return naive_cp_product(x, w, p, rank, b)
     return kernels.cp_product(x, w, p, rank, b)
 
 
 def power_map(x: torch.Tensor, w: torch.Tensor, p: int) -> torch.Tensor:
-    """``(x @ w) ** p`` elementwise (:func:`projected_power`, or
+    """``(x @ w) ** p`` elementwise (:func:`arbench.naive.naive_projected_power`, or
     :func:`arbench.kernels.projected_power` on a CPU). ``x``: ``(..., d)``, ``w``: ``(d, m)``;
     returns ``(..., m)``."""
     if p < 1:
         raise ValueError(f"p must be an integer >= 1, got {p!r}")
     if not use_cpu_kernels(x):
-        return projected_power(x, w, p)
+        return naive_projected_power(x, w, p)
     return kernels.projected_power(x, w, p)
 
 
@@ -295,7 +260,7 @@ class Based(FeatureMap):
         xt = x if self.proj is None else self.proj(x)
         a, b = self.r ** -0.25, (2.0 * self.r) ** -0.5
         if not use_cpu_kernels(xt):
-            return taylor_features(xt, a, b)
+            return naive_taylor_features(xt, a, b)
         return kernels.taylor_features(xt, a, b)
 
     def flops_per_token(self) -> float:

@@ -18,6 +18,7 @@ from arbench import kernels
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
 from arbench.delta import DELTA_MODES, delta_attention
 from arbench.featuremaps import FeatureMap
+from arbench.naive import naive_causal_conv
 from arbench.precision import use_cpu_kernels
 
 FeatureMapFactory = Callable[[int], FeatureMap]
@@ -248,19 +249,12 @@ class SoftmaxAttention(nn.Module):
         return {"feature_map": "softmax"}
 
 
-def causal_conv(h: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """``conv`` (depthwise, padded k − 1 on both sides) over the transposed sequence, its
-    first n outputs: the causal convolution of ``h`` ``(batch, n, d)`` in traced ops (GPUs,
-    ``torch.compile``; the reference of :func:`arbench.kernels.causal_conv`)."""
-    return conv(h.transpose(1, 2))[..., : h.shape[1]].transpose(1, 2)
-
-
 def causal_depthwise_conv(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
     """``conv`` (depthwise, padded by ``kernel_size − 1``) applied causally to ``h``
     ``(b, n, d)``, returning ``(b, n, d)``: :func:`arbench.kernels.causal_conv` where the
-    CPU kernels run, else :func:`causal_conv`."""
+    CPU kernels run, else :func:`arbench.naive.naive_causal_conv`."""
     if not use_cpu_kernels(h):
-        return causal_conv(h, conv)
+        return naive_causal_conv(h, conv)
     return kernels.causal_conv(h, conv.weight, conv.bias)
 
 
@@ -316,4 +310,4 @@ def mlp(d_model: int, expand: int = 4) -> nn.Module:
 
 __all__ = ["BaseConv", "DecayGate", "DeltaAttention", "FeatureMapAttention", "FeatureMapFactory",
            "GatedDeltaAttention", "GatedLinearAttention", "LinearAttention", "ShortConv",
-           "SoftmaxAttention", "causal_conv", "causal_depthwise_conv", "mlp"]
+           "SoftmaxAttention", "causal_depthwise_conv", "mlp"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from arbench.approx.kernels import check_p, monomial_count, poly_kernel, symmetric_power
 from arbench.approx.metrics import rmae
+from arbench.approx.target import check_p, monomial_count, poly_kernel, symmetric_power
 
 
 @dataclass(frozen=True)

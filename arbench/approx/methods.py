@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from arbench.approx.kernels import check_p, monomial_count, symmetric_power
+from arbench.approx.target import check_p, monomial_count, symmetric_power
 from arbench.featuremaps import Flatten, LLoPS, PolySketch
 from arbench.registry import MethodConfig
 

@@ -17,7 +17,6 @@ import torch
 
 from arbench.approx.fit import FitResult, fit_best
 from arbench.approx.floor import eckart_young, explicit_sketch_kernel, fitted_optimal_sketch
-from arbench.approx.kernels import check_p, monomial_count, poly_kernel
 from arbench.approx.ledger import Ledger
 from arbench.approx.methods import method_builders
 from arbench.approx.metrics import rel_frobenius, rmae
@@ -30,6 +29,7 @@ from arbench.approx.records import (
     Record,
     StudyConfig,
 )
+from arbench.approx.target import check_p, monomial_count, poly_kernel
 from arbench.checks import check_int
 
 Log = Callable[[str], None]

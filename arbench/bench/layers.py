@@ -45,8 +45,9 @@ class Method:
     fmap: MethodConfig | None = None
 
     @property
-    def variant(self) -> bool:
-        """True for a ``_compiled`` or ``_bf16`` twin, or another state update, of a method."""
+    def derived(self) -> bool:
+        """True for a method derived from a plain one: a ``_compiled`` or ``_bf16`` twin, or
+        another state update."""
         return self.compiled or self.bf16 or self.rule != "linear"
 
     @property

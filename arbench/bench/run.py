@@ -62,10 +62,10 @@ def chunk_tuning_methods(methods: list[Method]) -> list[Method]:
     """The :func:`tuning_method` and BASED when benchmarked: the two feature widths (m and
     1 + r + r²) whose attention the chunk size shapes. For LLoPS alone the feature map's time
     dominates and two chunk sizes can differ by less than the noise."""
-    first = tuning_method([m for m in methods if not m.variant])
+    first = tuning_method([m for m in methods if not m.derived])
     if first is None:
         return []
-    based = [m for m in methods if m.family == "based" and not m.variant and m is not first]
+    based = [m for m in methods if m.family == "based" and not m.derived and m is not first]
     return [first, *based[:1]]
 
 
@@ -104,7 +104,7 @@ def tune_chunk_size(cfg: BenchConfig, methods: list[Method], log: Log) -> dict:
 
 def block_tuning_methods(methods: list[Method]) -> list[Method]:
     """LLoPS p=4, t=1 and the LLoPS layer with the most factors p·t (the widest projections)."""
-    llops = [m for m in methods if m.family == "llops" and not m.variant]
+    llops = [m for m in methods if m.family == "llops" and not m.derived]
     if not llops:
         return []
     widest = max(llops, key=lambda m: m.p * m.rank)
@@ -147,7 +147,7 @@ def check_forms(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
     inputs = make_inputs(cfg, n)
     return [{"method": m.name, "n": n, "chunk": layers[m.name].chunk_size,
              "rel_err": forms_disagreement(layers[m.name], inputs)}
-            for m in methods if m.linear and not m.variant]
+            for m in methods if m.linear and not m.derived]
 
 
 def check_twins(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
@@ -159,7 +159,7 @@ def check_twins(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
     inputs = make_inputs(cfg, n)
     return [{"method": m.name, "n": n, "rel_err": compiled_disagreement(
                 layers[m.name], layers[m.name.removesuffix(suffix)], inputs)}
-            for m in methods if m.name.endswith(suffix) and m.variant]
+            for m in methods if m.name.endswith(suffix) and m.derived]
 
 
 def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],

@@ -4,11 +4,11 @@ compares the two (value, gradient, the no-grad path, float64).
 
 | kernel | reference |
 |---|---|
-| :func:`cp_product` (blocked, :func:`cp_block_rows`) | :func:`arbench.featuremaps.cp_product` |
-| :func:`projected_power` | :func:`arbench.featuremaps.projected_power` |
-| :func:`taylor_features` | :func:`arbench.featuremaps.taylor_features` |
+| :func:`cp_product` (blocked, :func:`cp_block_rows`) | :func:`arbench.naive.naive_cp_product` |
+| :func:`projected_power` | :func:`arbench.naive.naive_projected_power` |
+| :func:`taylor_features` | :func:`arbench.naive.naive_taylor_features` |
 | :func:`chunked_attention` | :func:`arbench.attention.chunked_plain` |
-| :func:`causal_conv` | :func:`arbench.mixers.causal_conv` |
+| :func:`causal_conv` | :func:`arbench.naive.naive_causal_conv` |
 | :func:`keep_heap` (malloc setting) | glibc's defaults (``ARBENCH_MALLOC=system``) |
 
 Inside two of them, :mod:`arbench.kernels.fused` runs an elementwise chain as one compiled pass
@@ -21,7 +21,7 @@ CUDA paths, where :func:`arbench.precision.use_cuda_kernels` holds (the same rul
 tensor):
 
 - :func:`arbench.kernels.compiled.compiled_cp_product` (``torch.compile``) equals
-  :func:`arbench.featuremaps.cp_product`;
+  :func:`arbench.naive.naive_cp_product`;
 - :mod:`arbench.kernels.fla_backend` (fla's Triton kernels, bf16/fp16, an optional install)
   computes the chunked forms of :func:`arbench.attention.linear_attention` and
   :func:`arbench.delta.delta_attention`.

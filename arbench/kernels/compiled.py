@@ -1,4 +1,4 @@
-"""The CP product of LLoPS and PolySketch on a GPU: :func:`arbench.featuremaps.cp_product`
+"""The CP product of LLoPS and PolySketch on a GPU: :func:`arbench.naive.naive_cp_product`
 (the reference) through ``torch.compile``.
 
 Eagerly, ``Σ_r Π_j (x W_{j,r} + b_{j,r})`` is one matmul and then p − 1 products and a rank
@@ -17,23 +17,22 @@ from collections.abc import Callable
 
 import torch
 
+from arbench.naive import naive_cp_product
+
 
 @functools.cache
 def _compiled() -> Callable[..., torch.Tensor]:
-    """The compiled reference (built on first use; the import is here because
-    :mod:`arbench.featuremaps` imports this package)."""
-    from arbench.featuremaps import cp_product as reference
-
+    """The compiled reference (built on first use)."""
     # every graph of the product shares one code object: p ∈ {2, 4, 6} × fp32/bf16 × grad or
     # not × LLoPS/PolySketch weights in one benchmark exceeds dynamo's default of 8 graphs
     # (past it, calls silently run eagerly)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(reference, dynamic=True)
+    return torch.compile(naive_cp_product, dynamic=True)
 
 
 def compiled_cp_product(x: torch.Tensor, w: torch.Tensor, p: int, rank: int,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`arbench.featuremaps.cp_product` compiled: ``x`` ``(..., d)``; ``w``, ``bias``:
+    """:func:`arbench.naive.naive_cp_product` compiled: ``x`` ``(..., d)``; ``w``, ``bias``:
     the factor-major layout of :func:`arbench.featuremaps.cp_weights`; returns ``(..., m)``."""
     return _compiled()(x, w, p, rank, bias)
 

@@ -1,6 +1,6 @@
 """The causal depthwise convolution of the short-convolution mixer without transposes.
 
-Reference: :func:`arbench.mixers.causal_conv` (a depthwise ``conv1d`` padded k − 1 on both
+Reference: :func:`arbench.naive.naive_causal_conv` (a depthwise ``conv1d`` padded k − 1 on both
 sides over the transposed sequence, its first n outputs), value and gradient.
 """
 

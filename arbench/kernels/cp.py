@@ -2,8 +2,8 @@
 
 References (what each must equal, value and gradient):
 
-- :func:`cp_product` equals :func:`arbench.featuremaps.cp_product` (the plain sum of products);
-- :func:`projected_power` equals :func:`arbench.featuremaps.projected_power` (``(x @ w)^p`` by
+- :func:`cp_product` equals :func:`arbench.naive.naive_cp_product` (the plain sum of products);
+- :func:`projected_power` equals :func:`arbench.naive.naive_projected_power` (``(x @ w)^p`` by
   the same left-to-right powering).
 
 The rows of ``x`` go through in blocks (:func:`cp_block_rows`; 512 rows by default in fp32, 4096
@@ -93,7 +93,7 @@ def _product_grad_into(grad: torch.Tensor, factors: torch.Tensor, grad_out: torc
 def _power_into(out: torch.Tensor, y: torch.Tensor, p: int) -> None:
     """``out = y ** p`` for an integer ``p >= 1`` by left-to-right binary powering in ``out``
     (p = 4: two squarings; p = 6: y², y³, y⁶), no scratch and no copy for p ≥ 2; the same
-    products in the same order as :func:`arbench.featuremaps.int_power`. (``Tensor.pow`` has
+    products in the same order as :func:`arbench.naive.int_power`. (``Tensor.pow`` has
     fast kernels for p ≤ 3 only: results/kernels.md.)"""
     if p == 1:
         out.copy_(y)
@@ -269,7 +269,7 @@ def cp_product(x: torch.Tensor, w: torch.Tensor, p: int, rank: int,
                bias: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
     """``Σ_r Π_j (x W_{j,r} + b_{j,r})`` blocked; ``w``: ``(d, p·rank·m)`` factor-major,
     ``bias``: ``(p·rank·m,)`` or None; ``x``: ``(..., d)`` → ``(..., m)``; needs p ≥ 2.
-    Reference: :func:`arbench.featuremaps.cp_product`."""
+    Reference: :func:`arbench.naive.naive_cp_product`."""
     m = w.shape[1] // (p * rank)
     return blocked_map(x, w, CPKind(p, rank, m), m, bias, rows)
 
@@ -278,7 +278,7 @@ def projected_power(x: torch.Tensor, w: torch.Tensor, p: int,
                     rows: int | None = None) -> torch.Tensor:
     """``(x @ w) ** p`` blocked, the power by squarings and its gradient ``p·y^(p−1)·∂out``;
     ``x``: ``(..., d)``, ``w``: ``(d, m)`` → ``(..., m)``.
-    Reference: :func:`arbench.featuremaps.projected_power`."""
+    Reference: :func:`arbench.naive.naive_projected_power`."""
     return blocked_map(x, w, PowerKind(p, w.shape[1]), w.shape[1], rows=rows)
 
 

@@ -1,6 +1,6 @@
 """BASED's second-order Taylor features written straight into one buffer.
 
-Reference: :func:`arbench.featuremaps.taylor_features` (the concatenation
+Reference: :func:`arbench.naive.naive_taylor_features` (the concatenation
 ``[1, a·x̃, b·vec(x̃ x̃ᵀ)]``), value and gradient.
 """
 

@@ -2,10 +2,10 @@ import torch
 from approx_helpers import gaussian_qk, llops_teacher
 
 from arbench.approx.fit import FitConfig, fit_best, fit_pair
-from arbench.approx.kernels import poly_kernel
 from arbench.approx.methods import llops_pair, mlp_pair, polysketch_pair
 from arbench.approx.metrics import rel_frobenius
 from arbench.approx.polish import PolishConfig
+from arbench.approx.target import poly_kernel
 
 
 def test_llops_recovers_an_exact_rank_m_polynomial_kernel():

@@ -8,9 +8,9 @@ from arbench.approx.floor import (
     fitted_optimal_sketch,
     optimal_linear_sketch,
 )
-from arbench.approx.kernels import check_p, monomial_count, poly_kernel, symmetric_power
 from arbench.approx.methods import based_pair, flatten_pair, llops_pair, mlp_pair, polysketch_pair
 from arbench.approx.metrics import rel_frobenius, rmae
+from arbench.approx.target import check_p, monomial_count, poly_kernel, symmetric_power
 
 
 def test_metrics_definitions():

@@ -2,9 +2,9 @@ import pytest
 import torch
 from approx_helpers import gaussian_qk
 
-from arbench.approx.kernels import poly_kernel
 from arbench.approx.methods import based_pair, llops_pair, polysketch_pair
 from arbench.approx.polish import PolishConfig, loss_and_grad, polish
+from arbench.approx.target import poly_kernel
 
 
 def test_polish_stops_at_a_stationary_point_and_reports_the_gradient():

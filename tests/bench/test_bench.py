@@ -95,7 +95,7 @@ def test_memory_probe_reads_its_size(smoke):
 
 def test_chunked_and_quadratic_forms_agree(smoke):
     cfg, result, _ = smoke
-    additive = [m for m in method_list(cfg) if m.linear and not m.variant]
+    additive = [m for m in method_list(cfg) if m.linear and not m.derived]
     assert len(result["forms"]) == len(additive)
     assert all(r["rel_err"] < 1e-5 for r in result["forms"]), result["forms"]
     # and with n not a multiple of the chunk, full layer outputs (after the division)

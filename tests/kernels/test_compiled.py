@@ -1,5 +1,5 @@
 """The compiled CP product (arbench.kernels.compiled) against its reference
-(arbench.featuremaps.cp_product): value and gradient, on a CPU (torch.compile's C++ backend)
+(arbench.naive.naive_cp_product): value and gradient, on a CPU (torch.compile's C++ backend)
 and on a GPU; where it runs (CUDA only, by the one rule)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from arbench import featuremaps
-from arbench.featuremaps import LLoPS, PolySketch, cp_product, cp_weights
+from arbench.featuremaps import LLoPS, PolySketch, cp_weights
 from arbench.kernels.compiled import compiled_cp_product
+from arbench.naive import naive_cp_product
 from arbench.precision import cpu_kernels
 
 
@@ -33,7 +34,7 @@ def value_and_grads(fn, leaves, p, rank):
 def test_compiled_equals_reference_on_cpu():
     for n in (37, 53):  # a second length: dynamic shapes
         leaves, p, rank = case("cpu", n=n)
-        want, want_grads = value_and_grads(cp_product, leaves, p, rank)
+        want, want_grads = value_and_grads(naive_cp_product, leaves, p, rank)
         got, got_grads = value_and_grads(compiled_cp_product, leaves, p, rank)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         for a, b in zip(got_grads, want_grads):
@@ -43,7 +44,7 @@ def test_compiled_equals_reference_on_cpu():
 def test_compiled_path_runs_on_cuda_only(monkeypatch):
     calls = []
     monkeypatch.setattr(featuremaps, "compiled_cp_product",
-                        lambda *a, **k: calls.append(1) or cp_product(*a, **k))
+                        lambda *a, **k: calls.append(1) or naive_cp_product(*a, **k))
     LLoPS(8, m=6, p=3)(torch.randn(2, 5, 8))
     assert not calls, "the compiled product ran on a CPU tensor"
 

@@ -1,11 +1,12 @@
-"""The causal depthwise convolution kernel against arbench.mixers.causal_conv (nn.Conv1d)."""
+"""The causal depthwise convolution kernel against arbench.naive.naive_causal_conv (nn.Conv1d)."""
 
 import pytest
 import torch
 
 from arbench import kernels
 from arbench.kernels.conv import CausalDepthwiseConv
-from arbench.mixers import ShortConv, causal_conv
+from arbench.mixers import ShortConv
+from arbench.naive import naive_causal_conv
 
 
 @pytest.mark.parametrize("k,n", [(1, 5), (3, 7), (4, 9), (3, 2), (3, 1)])
@@ -14,7 +15,7 @@ def test_causal_conv_kernel_equals_the_reference(k, n):
     mixer = ShortConv(6, kernel_size=k).double()
     h = torch.randn(2, n, 6, dtype=torch.double, requires_grad=True)
     weight, bias = mixer.conv.weight, mixer.conv.bias
-    want = causal_conv(h, mixer.conv)
+    want = naive_causal_conv(h, mixer.conv)
     got = kernels.causal_conv(h, weight, bias)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want)
@@ -32,5 +33,5 @@ def test_reference_is_causal():
     h = torch.randn(1, 8, 4)
     later = h.clone()
     later[:, 5:] += 1.0
-    torch.testing.assert_close(causal_conv(h, mixer.conv)[:, :5],
-                               causal_conv(later, mixer.conv)[:, :5])
+    torch.testing.assert_close(naive_causal_conv(h, mixer.conv)[:, :5],
+                               naive_causal_conv(later, mixer.conv)[:, :5])

@@ -1,17 +1,18 @@
-"""The blocked CP product and power map against their references in arbench.featuremaps:
+"""The blocked CP product and power map against their references in arbench.naive:
 value, gradient (float64 gradcheck), the no-grad path, float64 in and out, block sizes."""
 
 import pytest
 import torch
 
 from arbench import kernels
-from arbench.featuremaps import cp_product, cp_weights, int_power, projected_power
+from arbench.featuremaps import cp_weights
 from arbench.kernels.cp import (
     DEFAULT_BLOCK_ROWS,
     DEFAULT_LOW_PRECISION_BLOCK_ROWS,
     block_rows,
     cp_block_rows,
 )
+from arbench.naive import int_power, naive_cp_product, naive_projected_power
 
 
 def definition(x, theta, bias=None):
@@ -30,7 +31,7 @@ def test_cp_product_kernel_equals_the_reference(p, rank, rows, affine):
     theta = torch.randn(rank, p, 4, 3, dtype=torch.double, requires_grad=True)
     bias = torch.randn(rank, p, 3, dtype=torch.double, requires_grad=True) if affine else None
     w, b = cp_weights(theta, bias)
-    want = cp_product(x, w, p, rank, b)
+    want = naive_cp_product(x, w, p, rank, b)
     torch.testing.assert_close(want, definition(x, theta, bias))  # the reference is the sum
     got = kernels.cp_product(x, w, p, rank, b, rows=rows)
     assert got.dtype == torch.float64
@@ -42,7 +43,7 @@ def test_cp_product_kernel_equals_the_reference(p, rank, rows, affine):
     torch.testing.assert_close(torch.autograd.grad(got, leaves, dy),
                                torch.autograd.grad(want, leaves, dy))
     (gx,) = torch.autograd.grad(kernels.cp_product(x, w.detach(), p, rank, rows=rows).sum(), x)
-    (gx_want,) = torch.autograd.grad(cp_product(x, w.detach(), p, rank).sum(), x)
+    (gx_want,) = torch.autograd.grad(naive_cp_product(x, w.detach(), p, rank).sum(), x)
     torch.testing.assert_close(gx, gx_want)  # a gradient for the input alone
 
     def through_kernel(x, theta, *bias):
@@ -57,7 +58,7 @@ def test_projected_power_kernel_equals_the_reference(p, rows):
     torch.manual_seed(p)
     x = torch.randn(2, 3, 3, 5, dtype=torch.double, requires_grad=True)[..., 1:]  # strided
     w = torch.randn(4, 3, dtype=torch.double, requires_grad=True)
-    want = projected_power(x, w, p)
+    want = naive_projected_power(x, w, p)
     torch.testing.assert_close(want, (x @ w).pow(p))
     torch.testing.assert_close(int_power(x @ w, p), (x @ w).pow(p))
     got = kernels.projected_power(x, w, p, rows=rows)
@@ -75,9 +76,9 @@ def test_float32_kernels_match_the_reference_to_rounding():
     torch.manual_seed(0)
     x, theta = torch.randn(3, 70, 16), torch.randn(2, 4, 16, 8) * 0.3
     w, _ = cp_weights(theta)
-    torch.testing.assert_close(kernels.cp_product(x, w, 4, 2, rows=32), cp_product(x, w, 4, 2))
+    torch.testing.assert_close(kernels.cp_product(x, w, 4, 2, rows=32), naive_cp_product(x, w, 4, 2))
     torch.testing.assert_close(kernels.projected_power(x, w[:, :8], 4, rows=32),
-                               projected_power(x, w[:, :8], 4))
+                               naive_projected_power(x, w[:, :8], 4))
 
 
 def test_block_rows_is_a_context_value():
