@@ -181,6 +181,18 @@ def test_profile_cli_bad_sizes_one_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["error: --chunk must be >= 1, got 0"]
 
 
+def test_profile_cases_per_dtype():
+    from arbench.bench.profile import cases
+
+    # built, not run: a training step per size and the four layers twice, in one dtype
+    for bf16, head, suffix in ((False, "answer", ""), (True, "answer_bf16", "_bf16")):
+        names = list(cases(steps=1, n=64, chunk=16, bf16=bf16))
+        assert names[:3] == [f"{size} training step ({head} head)" for size in ("p4", "cpu", "long")]
+        layers = [n.split(" layer ")[0] for n in names[3:]]
+        assert layers == [m + suffix for m in ("llops_p4_t1", "llops_p6_t4", "based_r16",
+                                               "flatten_p4") for _ in range(2)]
+
+
 def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
     cfg = smoke_config(methods=("llops_p2_t1", "softmax"), bf16=("all",), memory=False,
                        out_dir=str(tmp_path))
