@@ -217,17 +217,22 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
 
 def _check_claims(value: Any) -> list[dict[str, Any]]:
     """Each claim: ``{name: str, better: {hparam: value}, worse: {hparam: value}}``, and
-    optionally ``paper_gain:`` a name in ``sweeps.paper.PAPER_GAINS`` to print beside it."""
+    optionally ``paper_gain:`` a name in ``sweeps.paper.PAPER_GAINS`` to print beside it and
+    ``parity:`` a number of points (also check that the two sides' means differ by at most the
+    ``worse`` side's seed std, or that many points when it is larger)."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise SpecError("claims must be a list of {name, better, worse} mappings")
     for i, claim in enumerate(value):
         if not (isinstance(claim, dict) and {"name", "better", "worse"} <= set(claim)
-                <= {"name", "better", "worse", "paper_gain"}
+                <= {"name", "better", "worse", "paper_gain", "parity"}
                 and isinstance(claim["better"], dict) and isinstance(claim["worse"], dict)):
             raise SpecError(f"claims[{i}] must be a mapping of name, better: {{hparam: value}} "
-                            "and worse: {hparam: value} (and optionally paper_gain)")
+                            "and worse: {hparam: value} (and optionally paper_gain, parity)")
+        parity = claim.get("parity", 0)
+        if isinstance(parity, bool) or not isinstance(parity, (int, float)) or parity < 0:
+            raise SpecError(f"claims[{i}].parity must be a number of points >= 0, got {parity!r}")
         if "paper_gain" in claim and claim["paper_gain"] not in PAPER_GAINS:
             raise SpecError(f"claims[{i}].paper_gain must be one of {sorted(PAPER_GAINS)}, "
                             f"got {claim['paper_gain']!r}")

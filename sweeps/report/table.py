@@ -99,8 +99,10 @@ def mean_std_text(values: list[float]) -> str:
 def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each claim checked seed by seed: the row matching ``better`` against the row matching
     ``worse`` (each at its best lr), over the seeds both have: ``k`` of ``n`` seeds where the
-    claim holds, and the mean ± sample std of the gap (better − worse). A claim whose rows are
-    missing or ambiguous says so in ``status``."""
+    claim holds, and the mean ± sample std of the gap (better − worse). A claim with
+    ``parity: t`` also gets ``parity``: whether the two rows' means (over all their seeds)
+    differ by at most ``tolerance`` = max(the ``worse`` row's seed std, t points), and
+    ``mean_gap``. A claim whose rows are missing or ambiguous says so in ``status``."""
     out = []
     for claim in claims:
         picked = []
@@ -124,8 +126,22 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
                                       [b["seed_values"][s] for s in seeds]),
                    gap_mean=statistics.fmean(gaps) if gaps else math.nan,
                    gap_std=statistics.stdev(gaps) if len(gaps) > 1 else math.nan)
+        if "parity" in claim:
+            row.update(parity_check(list(a["seed_values"].values()),
+                                    list(b["seed_values"].values()), claim["parity"] / 100))
         out.append(row)
     return out
+
+
+def parity_check(side: list[float], reference: list[float], points: float) -> dict[str, Any]:
+    """Whether ``side``'s mean lies within ``reference``'s seed std (sample std; or ``points``,
+    a fraction, when larger) of ``reference``'s mean: ``{parity, mean_gap, tolerance}``."""
+    if not side or not reference:
+        return {"parity": None, "mean_gap": math.nan, "tolerance": math.nan}
+    spread = statistics.stdev(reference) if len(reference) > 1 else 0.0
+    tolerance = max(spread, points)
+    gap = statistics.fmean(side) - statistics.fmean(reference)
+    return {"parity": abs(gap) <= tolerance, "mean_gap": gap, "tolerance": tolerance}
 
 
 def relative_gain(better: list[float], worse: list[float]) -> float:
@@ -145,8 +161,12 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
         spread = f" ± {100 * r['gap_std']:.1f}" if r["n"] > 1 else ""
         paper = "" if not r.get("paper_gain") else \
             f"; relative gain {100 * r['gain']:+.1f}% (the paper: {r['paper_gain']})"
+        parity = "" if r.get("parity") is None else (
+            f"; parity {'holds' if r['parity'] else 'fails'}: means differ by "
+            f"{100 * r['mean_gap']:+.1f} points, tolerance {100 * r['tolerance']:.1f} (the second "
+            "side's seed std or the claim's points)")
         lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
-                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}")
+                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}{parity}")
     return lines
 
 

@@ -7,7 +7,7 @@ from paths import ROOT, config
 
 from sweeps.command import trial_args
 from sweeps.names import trial_name
-from sweeps.spec import load_spec
+from sweeps.spec import SpecError, load_spec
 
 
 def test_zipped_null_leaves_the_key_out(tmp_path):
@@ -35,6 +35,17 @@ def test_bf16_parity_pairs_each_method_with_its_lrs():
     assert {p["trainer.precision"] for p in points} == {"32-true", "bf16-mixed"}
     based = {p["model.lr"] for p in points if p["config"].endswith("based.yaml")}
     assert based == {3.0e-4, 1.0e-3, 3.0e-3}
+    assert [c["parity"] for c in spec.claims] == [1.0] * 4
+
+
+@pytest.mark.parametrize("bad", [-1, "one", True])
+def test_a_parity_claim_needs_points(tmp_path, bad):
+    text = (ROOT / "sweeps" / "bf16_parity.yaml").read_text().replace("parity: 1.0}",
+                                                                       f"parity: {bad}}}", 1)
+    path = tmp_path / "bf16_parity.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=r"claims\[0\]\.parity must be a number of points >= 0"):
+        load_spec(path)
 
 
 @pytest.mark.parametrize("name", ["long_p_ablation", "long_based_vs_llops", "frontier",

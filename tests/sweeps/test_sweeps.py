@@ -393,6 +393,31 @@ def test_claims_are_checked_seed_by_seed():
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
 
 
+def test_a_parity_claim_compares_the_means_with_the_reference_spread():
+    from sweeps.report.table import claim_rows, claims_text
+
+    def row(precision, values):
+        return {"hparams": {"p": 4, "precision": precision}, "seed_values": dict(enumerate(values))}
+
+    fp32 = row("32-true", [0.90, 0.95, 1.00])  # sample std 5 points
+    claims = [{"name": "bf16 = fp32", "better": {"precision": "bf16-mixed"},
+               "worse": {"precision": "32-true"}, "parity": 1.0}]
+    inside, = claim_rows([row("bf16-mixed", [0.86, 0.91, 0.96]), fp32], claims)
+    assert inside["parity"] and inside["mean_gap"] == pytest.approx(-0.04)
+    assert inside["tolerance"] == pytest.approx(0.05)
+    assert claims_text([inside])[0].endswith(
+        "; parity holds: means differ by -4.0 points, tolerance 5.0 (the second side's seed std "
+        "or the claim's points)")
+    tight = row("32-true", [0.950, 0.951, 0.952])  # std 0.1 points: the claim's 1 point counts
+    near, far = (claim_rows([row("bf16-mixed", v), tight], claims)[0]
+                 for v in ([0.94, 0.945, 0.94], [0.90, 0.92, 0.91]))
+    assert near["parity"] and near["tolerance"] == pytest.approx(0.01)
+    assert not far["parity"] and "parity fails" in claims_text([far])[0]
+    without = {k: v for k, v in claims[0].items() if k != "parity"}
+    plain, = claim_rows([row("bf16-mixed", [0.9]), fp32], [without])
+    assert "parity" not in plain and "parity" not in claims_text([plain])[0]
+
+
 def test_claims_select_rows_by_their_diagnosis_switch():
     """``variant: baseline`` picks the row without switches, ``variant: qk-norm`` the row whose
     label names that switch (and only it), at the same p."""
