@@ -9,10 +9,7 @@ from __future__ import annotations
 import torch
 
 from arbench.kernels.fused import fused_conv, fused_conv_grad, use_fused
-from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype
-
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-"""Input dtypes whose convolution runs fused (:mod:`arbench.kernels.fused`) where it may."""
+from arbench.precision import CPU_AUTOCAST_DTYPE, LOW_PRECISION, accumulator_dtype
 
 
 def _fused(h: torch.Tensor) -> bool:

@@ -23,7 +23,12 @@ import torch
 
 from arbench.checks import check_int
 from arbench.kernels.fused import fused_product, fused_product_grad, use_fused
-from arbench.precision import CPU_AUTOCAST_DTYPE, accumulator_dtype, kernel_dtype
+from arbench.precision import (
+    CPU_AUTOCAST_DTYPE,
+    LOW_PRECISION,
+    accumulator_dtype,
+    kernel_dtype,
+)
 
 DEFAULT_BLOCK_ROWS = 512
 """Rows per block in fp32 and float64."""
@@ -31,7 +36,6 @@ DEFAULT_LOW_PRECISION_BLOCK_ROWS = 4096
 """Rows per block in bf16 and fp16, where the matmuls of few rows lose most (on a Xeon with
 AMX, one LLoPS p = 4 map's forward and backward at 16,384 rows: 56 ms at 512 rows per block,
 35 ms at 4096; results/README.md, "bf16")."""
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 _BLOCK_ROWS: ContextVar[tuple[int, int] | None] = ContextVar("cp_block_rows", default=None)
 
 
