@@ -33,9 +33,8 @@ from arbench.precision import (
 DEFAULT_BLOCK_ROWS = 512
 """Rows per block in fp32 and float64."""
 DEFAULT_LOW_PRECISION_BLOCK_ROWS = 4096
-"""Rows per block in bf16 and fp16, where the matmuls of few rows lose most (on a Xeon with
-AMX, one LLoPS p = 4 map's forward and backward at 16,384 rows: 56 ms at 512 rows per block,
-35 ms at 4096; results/README.md, "bf16")."""
+"""Rows per block in bf16 and fp16, where the matmuls of few rows lose most (AMX's bf16
+matmuls of 512-row blocks ran far below their rate; results/README.md, ``bench/bf16_amx/``)."""
 _BLOCK_ROWS: ContextVar[tuple[int, int] | None] = ContextVar("cp_block_rows", default=None)
 
 
