@@ -61,9 +61,9 @@ def cpu_kernels(enabled: bool) -> Iterator[None]:
 
 
 CPU_AUTOCAST_DTYPE = torch.bfloat16
+"""The dtype the CPU Functions cast to under autocast (``cast_inputs`` of their forward)."""
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 """The half-width float dtypes, whose kernels may take other block sizes and fused paths."""
-"""The dtype the CPU Functions cast to under autocast (``cast_inputs`` of their forward)."""
 
 
 def kernel_dtype(*tensors: torch.Tensor) -> torch.dtype:
