@@ -47,6 +47,8 @@ class LitRecall(L.LightningModule):
     decay to ``min_lr_ratio * lr`` at the last training step; or ``"zoology"``, cosine over
     epochs stepped once per epoch, no warm-up (``warmup_steps`` and ``min_lr_ratio`` unused).
     ``embedding_dropout``: dropout on the embedding's output while training (zoology: 0.1).
+    ``fp32_mixers``: mixer names (of ``mixers``) whose layers compute in fp32 under a mixed
+    precision (:func:`arbench.model.run_mixer`); recorded as ``fp32_mixers`` (comma-joined).
 
     Metrics: ``val/acc`` is the mean over answer tokens (each slice weighs by its answers);
     ``val/example_acc`` is zoology's, the mean over examples of each example's accuracy (equal
@@ -80,7 +82,8 @@ class LitRecall(L.LightningModule):
                  qk_norm: bool = False, qk_dim: int | None = None, attention_eps: float = 1e-6,
                  block: str = "prenorm", init_std: float | None = None,
                  embedding_dropout: float = 0.0, betas: tuple[float, float] = (0.9, 0.98),
-                 weight_decay_scope: str = "matrices", lr_schedule: str = "cosine"):
+                 weight_decay_scope: str = "matrices", lr_schedule: str = "cosine",
+                 fp32_mixers: list[str] | None = None):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -106,7 +109,8 @@ class LitRecall(L.LightningModule):
             output_norm=output_norm, chunk_size=chunk_size, attention_mode=attention_mode,
             conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings,
             qk_norm=qk_norm, qk_dim=qk_dim, attention_eps=attention_eps, block=block,
-            init_std=init_std, embedding_dropout=embedding_dropout)
+            init_std=init_std, embedding_dropout=embedding_dropout,
+            fp32_mixers=fp32_mixers or ())
         if compile:
             self.model.compile_body()
         self.val_acc = MeanMetric()
@@ -151,6 +155,7 @@ class LitRecall(L.LightningModule):
         hp.update(recipe_hparams(self.hparams))
         trainer = getattr(self, "_trainer", None)
         hp["precision"] = str(trainer.precision) if trainer is not None else DEFAULT_PRECISION
+        hp["fp32_mixers"] = ",".join(self.model.fp32_mixers)
         hp["shuffle"] = bool(getattr(getattr(trainer, "datamodule", None), "shuffle",
                                      DEFAULT_SHUFFLE))
         return hp

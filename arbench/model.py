@@ -32,18 +32,30 @@ BLOCKS = ("prenorm", "zoology")
 """``block`` choices: :class:`Block` and :class:`ZoologyBlock`."""
 
 
-class Block(nn.Module):
-    """``x + mixer(norm(x))``, then optionally ``x + mlp(norm(x))``; ``(b, n, d_model)``."""
+def run_mixer(mixer: nn.Module, x: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """``mixer(x)``; when ``fp32`` and autocast is on for ``x``'s device, with autocast off and
+    ``x`` in fp32, so every op of the mixer (its matmuls and kernels) computes in fp32 while the
+    rest of the model runs in autocast's dtype. ``x``: ``(b, n, d_model)``."""
+    if fp32 and torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return mixer(x.float())
+    return mixer(x)
 
-    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool):
+
+class Block(nn.Module):
+    """``x + mixer(norm(x))``, then optionally ``x + mlp(norm(x))``; ``(b, n, d_model)``.
+    ``fp32_mixer``: the mixer runs in fp32 under autocast (:func:`run_mixer`)."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool, fp32_mixer: bool = False):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
         self.mixer = mixer
+        self.fp32_mixer = bool(fp32_mixer)
         self.mlp_norm = nn.LayerNorm(d_model) if use_mlp else None
         self.mlp = mlp(d_model) if use_mlp else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.norm(x))
+        x = x + run_mixer(self.mixer, self.norm(x), self.fp32_mixer)
         if self.mlp is not None:
             x = x + self.mlp(self.mlp_norm(x))
         return x
@@ -54,21 +66,35 @@ class ZoologyBlock(nn.Module):
     ``r ← h + r``; ``h ← mixer(norm(r))``; ``r ← h + r``; ``h ← mlp(norm2(r))``, where the
     MLP is the identity when ``use_mlp`` is false (zoology's MQAR models), so ``norm2(r)``
     itself is added to the stream by the next block (or before the final norm). The first
-    block gets ``r = None`` and starts from ``r ← h``; all ``(b, n, d_model)``."""
+    block gets ``r = None`` and starts from ``r ← h``; all ``(b, n, d_model)``.
+    ``fp32_mixer``: the mixer runs in fp32 under autocast (:func:`run_mixer`)."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool):
+    def __init__(self, mixer: nn.Module, d_model: int, use_mlp: bool, fp32_mixer: bool = False):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
         self.mixer = mixer
+        self.fp32_mixer = bool(fp32_mixer)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = mlp(d_model) if use_mlp else None
 
     def forward(self, h: torch.Tensor,
                 r: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         r = h if r is None else h + r
-        r = self.mixer(self.norm(r)) + r
+        r = run_mixer(self.mixer, self.norm(r), self.fp32_mixer) + r
         h = self.norm2(r)
         return (h if self.mlp is None else self.mlp(h)), r
+
+
+def check_fp32_mixers(fp32_mixers: list[str] | tuple[str, ...] | None,
+                      mixer_names: list[str]) -> list[str]:
+    """``fp32_mixers`` as a list without repeats, in the model's layer order; ``ValueError`` for
+    a name that is not one of the model's mixers."""
+    names = list(fp32_mixers or ())
+    unknown = [n for n in names if n not in mixer_names]
+    if unknown:
+        raise ValueError(f"fp32_mixers names {unknown[0]!r}, which is not one of this model's "
+                         f"mixers {sorted(set(mixer_names))}")
+    return [n for n in dict.fromkeys(mixer_names) if n in names]
 
 
 def normal_init(model: nn.Module, std: float) -> None:
@@ -88,7 +114,10 @@ def normal_init(model: nn.Module, std: float) -> None:
 
 class RecallModel(nn.Module):
     """Token embedding (→ dropout when ``embedding_dropout`` > 0, training only) →
-    ``n_layers`` blocks → final LayerNorm → LM head (tied by default)."""
+    ``n_layers`` blocks → final LayerNorm → LM head (tied by default).
+
+    ``fp32_mixers``: names of ``mixers`` whose layers run in fp32 under autocast (e.g.
+    ``["conv"]`` with ``--trainer.precision bf16-mixed``); no effect without autocast."""
 
     def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
                  mixers: list[str] | tuple[str, ...] = ("conv", "linear"), num_heads: int = 1,
@@ -97,7 +126,8 @@ class RecallModel(nn.Module):
                  attention_mode: str = "chunked", conv_kernel: int = 3, use_mlp: bool = False,
                  tie_embeddings: bool = True, qk_norm: bool = False, qk_dim: int | None = None,
                  attention_eps: float = 1e-6, block: str = "prenorm",
-                 init_std: float | None = None, embedding_dropout: float = 0.0):
+                 init_std: float | None = None, embedding_dropout: float = 0.0,
+                 fp32_mixers: list[str] | tuple[str, ...] = ()):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
@@ -121,6 +151,7 @@ class RecallModel(nn.Module):
             raise ValueError(f"mixers include {needs_map[0]!r} but no feature_map was given")
         self.vocab_size, self.d_model = vocab_size, d_model
         self.mixer_names = [mixers[i % len(mixers)] for i in range(n_layers)]
+        self.fp32_mixers = check_fp32_mixers(fp32_mixers, self.mixer_names)
 
         def build(name: str) -> nn.Module:
             cls = MIXERS[name]
@@ -139,7 +170,7 @@ class RecallModel(nn.Module):
         self.embed_dropout = nn.Dropout(embedding_dropout) if embedding_dropout > 0 else None
         self.block = block
         block_cls = ZoologyBlock if block == "zoology" else Block
-        self.blocks = nn.ModuleList(block_cls(build(n), d_model, use_mlp)
+        self.blocks = nn.ModuleList(block_cls(build(n), d_model, use_mlp, n in self.fp32_mixers)
                                     for n in self.mixer_names)
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)

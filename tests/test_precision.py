@@ -11,6 +11,8 @@ from arbench.attention import linear_attention
 from arbench.cli import run
 from arbench.featuremaps import Based, Flatten, LLoPS, PolySketch
 from arbench.mixers import ShortConv
+from arbench.model import RecallModel
+from sweeps.report.labels import training_label
 
 BF16 = torch.bfloat16
 
@@ -154,3 +156,54 @@ def test_smoke_fit_bf16_mixed(in_tmp, name, recwarn):
     # the weights stay fp32 under bf16-mixed: Lightning's "not supported by the model
     # summary ... Using 32 bits instead" is noise, filtered by arbench.noise
     assert not [w for w in recwarn if "not supported by the model summary" in str(w.message)]
+
+
+def tiny_recall(**kw) -> RecallModel:
+    torch.manual_seed(0)
+    return RecallModel(vocab_size=64, d_model=32, feature_map=partial(LLoPS, m=16, p=4), **kw)
+
+
+def block_outputs(model: RecallModel, ids: torch.Tensor) -> list[torch.Tensor]:
+    """The output of every block's mixer under bf16 autocast."""
+    seen: list[torch.Tensor] = []
+    hooks = [b.mixer.register_forward_hook(lambda _m, _i, out: seen.append(out.detach()))
+             for b in model.blocks]
+    with torch.autocast("cpu", dtype=BF16):
+        model(ids)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_fp32_mixers_run_that_mixer_in_fp32_under_autocast():
+    ids = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(1))
+    mixed, kept = tiny_recall(), tiny_recall(fp32_mixers=["conv"])
+    conv_mixed, attn_mixed = block_outputs(mixed, ids)
+    conv_kept, attn_kept = block_outputs(kept, ids)
+    assert conv_mixed.dtype == BF16 and conv_kept.dtype == torch.float32
+    # the conv layer alone, in fp32 without autocast, gives the kept layer's output exactly
+    with torch.no_grad():
+        x = kept.embed(ids)
+        want = kept.blocks[0].mixer(kept.blocks[0].norm(x))
+    assert torch.equal(conv_kept, want)
+    assert attn_kept.dtype == BF16  # the attention layer still runs under autocast
+    # without autocast the switch changes nothing
+    torch.testing.assert_close(mixed(ids), kept(ids), rtol=0, atol=0)
+
+
+def test_fp32_mixers_must_name_a_mixer_of_the_model():
+    with pytest.raises(ValueError, match="fp32_mixers names 'softmax', which is not one of "
+                                         r"this model's mixers \['conv', 'linear'\]"):
+        tiny_recall(fp32_mixers=["softmax"])
+
+
+def test_fp32_mixers_recorded_and_labelled(in_tmp):
+    cli = run(["fit", "--config", config("p2.yaml"), *SMOKE, "--model.feature_map.init_args.m",
+               "16", "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+               "--trainer.precision", "bf16-mixed", "--model.fp32_mixers", "[conv]",
+               "--trainer.enable_progress_bar", "false"])
+    hp = cli.model.hparams_for_logging()
+    assert hp["fp32_mixers"] == "conv" and hp["precision"] == "bf16-mixed"
+    assert training_label(hp) == " bf16-mixed (conv in fp32)"
+    assert training_label({**hp, "fp32_mixers": ""}) == " bf16-mixed"
+    assert training_label({k: v for k, v in hp.items() if k != "fp32_mixers"}) == " bf16-mixed"

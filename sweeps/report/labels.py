@@ -38,7 +38,8 @@ def with_training_defaults(hp: dict[str, Any]) -> dict[str, Any]:
 def training_label(hp: dict[str, Any]) -> str:
     """How a row's runs were trained where it is not arbench's default, e.g.
     ``" zoology recipe bf16-mixed"``: the recipe switches (all of zoology's as one name), then
-    the precision. Runs recorded before these were hparams count as the defaults."""
+    the precision (and the mixers kept in fp32 under it, e.g. ``"(conv in fp32)"``). Runs
+    recorded before these were hparams count as the defaults."""
     hp = with_training_defaults(hp)
     parts = []
     if all(hp[k] == v for k, v in ZOOLOGY_RECIPE.items()):
@@ -56,6 +57,8 @@ def training_label(hp: dict[str, Any]) -> str:
             parts.append("unshuffled")
     if hp["precision"] not in ("32-true", "32"):
         parts.append(str(hp["precision"]))
+        if hp["fp32_mixers"]:
+            parts.append(f"({hp['fp32_mixers']} in fp32)")
     return "".join(f" {p}" for p in parts)
 
 
