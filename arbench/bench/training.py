@@ -6,7 +6,8 @@ with ``compiled=True`` a third, ``answer_compiled``: the answer head with the mo
 through ``torch.compile`` (``RecallModel.compile_body``, as ``model.compile: true`` trains);
 with ``bf16=True`` an ``answer_bf16`` head: the answer-head step under bf16 autocast (fp32
 weights and AdamW state, as ``--trainer.precision bf16-mixed`` trains), its FLOP/s read against
-the bf16 matmul reference.
+the bf16 matmul reference, and ``answer_bf16_conv_fp32``: the same with the conv layer kept in
+fp32 (``--model.fp32_mixers [conv]``, the parity study's third arm), read against the same.
 
 FLOPs of a step = 3 × forward (see ``arbench.bench.flops``); the forward counts the linear
 layers (``2·rows·in·out``), the depthwise convolution (``2·T·D·k``), the feature maps, the
@@ -38,14 +39,19 @@ from arbench.model import RecallModel
 from arbench.optim import make_adamw
 
 HEADS = ("answer", "full")
+BF16_HEADS = ("answer_bf16", "answer_bf16_conv_fp32")
+"""The bf16 heads (``bf16=True``) and the mixers each keeps in fp32."""
+FP32_MIXERS = {"answer_bf16_conv_fp32": ("conv",)}
 
 
-def build_model(spec: TrainSpec, device: str, seed: int = 0) -> RecallModel:
-    """The spec's RecallModel (LLoPS m, p, one head) on ``device``, seeded."""
+def build_model(spec: TrainSpec, device: str, seed: int = 0,
+                fp32_mixers: tuple[str, ...] = ()) -> RecallModel:
+    """The spec's RecallModel (LLoPS m, p, one head) on ``device``, seeded; ``fp32_mixers``
+    run in fp32 under autocast."""
     torch.manual_seed(seed)
     fmap = partial(LLoPS, m=spec.m, p=spec.p)
     model = RecallModel(vocab_size=spec.vocab, d_model=spec.d_model, n_layers=2,
-                        mixers=("conv", "linear"), feature_map=fmap)
+                        mixers=("conv", "linear"), feature_map=fmap, fp32_mixers=fp32_mixers)
     return model.to(device)
 
 
@@ -81,8 +87,9 @@ def full_head_loss(model: RecallModel, x: torch.Tensor, labels: torch.Tensor) ->
 def make_step(model: RecallModel, opt: torch.optim.Optimizer, x: torch.Tensor,
               labels: torch.Tensor, head: str) -> Callable[[], None]:
     """A closure running one AdamW step of ``model`` on ``(x, labels)`` with ``head``
-    (``*_bf16``: the forward under bf16 autocast; the backward outside it, as Lightning does)."""
-    bf16 = head.endswith("_bf16")
+    (the heads of :data:`BF16_HEADS`: the forward under bf16 autocast; the backward outside it,
+    as Lightning does)."""
+    bf16 = head in BF16_HEADS
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -97,13 +104,13 @@ def training_cases(specs: Sequence[TrainSpec], device: str, seed: int, compiled:
                    bf16: bool = False) -> tuple[list[Case], dict[tuple[str, str], dict]]:
     """One warmed-up case per (spec, head) and its static facts (tokens, FLOPs, rows)."""
     cases, facts = [], {}
-    heads = HEADS + (("answer_compiled",) if compiled else ()) + (("answer_bf16",) if bf16 else ())
+    heads = HEADS + (("answer_compiled",) if compiled else ()) + (BF16_HEADS if bf16 else ())
     for spec in specs:
         x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=seed)
         x, labels = x.to(device), labels.to(device)
         scored = int((labels != IGNORE_INDEX).sum())
         for head in heads:
-            model = build_model(spec, device, seed)
+            model = build_model(spec, device, seed, FP32_MIXERS.get(head, ()))
             if head == "answer_compiled":
                 model.compile_body()
             opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)
@@ -129,7 +136,7 @@ def measure_training(specs: Sequence[TrainSpec], device: str, samples: int,
         name, head = case.key
         fact, stats = facts[case.key], summary(case.samples)
         gflops = fact["flops"] / stats["median"] / 1e9
-        peak_gflops = peaks_gflops["bf16" if head.endswith("_bf16") else "fp32"]
+        peak_gflops = peaks_gflops["bf16" if head in BF16_HEADS else "fp32"]
         rows.append({"spec": name, "head": head, **vars_of(by_spec[name]),
                      "step_ms": 1e3 * stats["median"], "step_ms_min": 1e3 * stats["min"],
                      "step_ms_max": 1e3 * stats["max"],

@@ -208,11 +208,22 @@ def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
         assert r["frac_peak"] == pytest.approx(r["gflops"] / mm["median"])
     assert result["bf16_check"][0]["rel_err"] < 0.05  # bf16 vs fp32 forward, same weights
     heads = {(r["spec"], r["head"]) for r in result["train"]}
-    assert {("cpu", "answer_bf16"), ("p4", "answer_bf16"), ("long", "answer_bf16")} <= heads
+    assert {(size, head) for size in ("cpu", "p4", "long")
+            for head in ("answer_bf16", "answer_bf16_conv_fp32")} <= heads
     checks = {c["target"]: c for c in result["targets"]["checks"]}
     for target in ("training step at the cpu size in bf16: ≥ 2.0× the fp32 tokens/s",
-                   "training step at the long size in bf16: ≥ 1.8× the fp32 tokens/s"):
+                   "training step at the long size in bf16: ≥ 1.8× the fp32 tokens/s",
+                   "training step at the cpu size in bf16 with the conv layer in fp32: ≥ 2.0× "
+                   "the fp32 tokens/s"):
         assert checks[target]["measured"].endswith("tokens/s)")
     assert "LLoPS layer forward+backward at n = 4096 in bf16: ≥ 40% of bf16 matmul FLOP/s" in checks
     md = (tmp_path / "bench.md").read_text()
     assert "bf16 matmul reference" in md and "## bf16 autocast" in md
+
+
+def test_bf16_conv_fp32_head_keeps_the_conv_layer_in_fp32():
+    from arbench.bench.config import CPU_TRAIN
+    from arbench.bench.training import FP32_MIXERS, build_model
+
+    model = build_model(CPU_TRAIN, "cpu", fp32_mixers=FP32_MIXERS["answer_bf16_conv_fp32"])
+    assert [b.fp32_mixer for b in model.blocks] == [True, False]
