@@ -16,7 +16,8 @@ A spec::
     sampler: grid                      # grid | tpe | random (then n_trials)
     pruner: none                       # none | median | halving | threshold, or a mapping
                                        # {type: median, n_startup_trials: 2} (Optuna kwargs)
-    args: []                           # extra main.py arguments for every trial
+    args: []                           # extra main.py arguments for every trial; a
+                                       # --config FILE.yaml among them resolves as configs do
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
     claims:                            # comparisons checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
@@ -167,6 +168,38 @@ def _resolve(path: str) -> str:
     return str(p)
 
 
+def _resolve_config_value(value: Any) -> Any:
+    """A grid's ``config`` value resolved: a path, or a list of paths that compose."""
+    return [_resolve(x) for x in value] if isinstance(value, list) else _resolve(value)
+
+
+def _resolve_configs(key: str, values: list[Any]) -> list[Any]:
+    """Grid ``key``'s values with their ``config`` paths resolved (:func:`_resolve`), also where
+    ``config`` is zipped with other keys (``"config,m"``); other keys' values as they are."""
+    names = [k.strip() for k in key.split(",")]
+    if "config" not in names:
+        return values
+    if len(names) == 1:
+        return [_resolve_config_value(v) for v in values]
+    at = names.index("config")
+    return [[_resolve_config_value(x) if i == at else x for i, x in enumerate(row)]
+            for row in values]
+
+
+def _resolve_args(args: list[Any]) -> list[str]:
+    """``args`` as strings, each ``--config FILE.yaml`` (or ``--config=FILE.yaml``) path resolved
+    like ``configs:`` (relative to the repo when not found here), so a spec's overlay, e.g. a
+    task's smoke profile, does not depend on the working directory."""
+    out: list[str] = []
+    for arg in map(str, args):
+        if out and out[-1] == "--config" and arg.endswith((".yaml", ".yml")):
+            arg = _resolve(arg)
+        elif arg.startswith("--config=") and arg.endswith((".yaml", ".yml")):
+            arg = "--config=" + _resolve(arg[len("--config="):])
+        out.append(arg)
+    return out
+
+
 def _expand_aliases(key: str) -> str:
     """``"rank,m"`` → the full keys, comma-joined (:data:`ALIASES`)."""
     return ",".join(ALIASES.get(k.strip(), k.strip()) for k in key.split(","))
@@ -269,9 +302,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
         raise SpecError("study must be a non-empty name")
     check_name(merged["study"], "study", SpecError)  # runs/<study>/, results/<study>/
     grid = _check_grid(merged.get("grid"))
-    if "config" in grid:  # a path, or a list of paths that compose
-        grid = {**grid, "config": [[_resolve(x) for x in c] if isinstance(c, list) else
-                                   _resolve(c) for c in grid["config"]]}
+    grid = {key: _resolve_configs(key, values) for key, values in grid.items()}
     lr = merged.get("lr") or []
     if lr and "model.lr" in {k for key in grid for k in key.split(",")}:
         raise SpecError("the learning rate is both in the grid and the lr: sub-grid; give one")
@@ -307,7 +338,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
                      metric=metric, direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
-                     args=[str(a) for a in args], storage=merged.get("storage"),
+                     args=_resolve_args(args), storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
                      claims=_check_claims(merged.get("claims")), reuse=list(reuse),
                      description=" ".join(description.split()))
