@@ -3,8 +3,8 @@
 Synthetic studies (trials recorded straight into a temp SQLite storage, nothing trained) check
 the numbers against hand-computed ones: each point's best lr picked per task, MAD's aggregate
 (the mean over tasks of the mean over slices), missing cells shown as missing, a partial run's
-progress. The shipped ``sweeps/suite_*.yaml`` share one grid, and two of them run end to end at
-smoke size.
+progress. The shipped ``sweeps/suite_*.yaml`` share one grid, reuse the runs they name, and two
+of them run end to end at smoke size.
 """
 
 import csv
@@ -249,3 +249,26 @@ def test_two_tasks_of_the_suite_run_at_smoke_size_and_aggregate(tmp_path):
     assert "| delta > additive, BASED r=16 | 0 of 1" in table or \
         "| delta > additive, BASED r=16 | 1 of 1" in table
     assert (out / "heatmap.png").is_file()
+
+
+def test_reuse_finds_the_runs_the_specs_name():
+    """suite_mqar's BASED and elu+1 points are state_updates' experiments (its LLoPS at m = 273
+    and plain keys are new); suite_overwrite's BASED additive point is calibration_overwrite's."""
+    from sweeps.command import trial_args
+    from sweeps.reuse import experiment
+
+    def experiments(spec, seed=0, lr=1e-3):
+        return {experiment(trial_args(spec, p, "runs", "x")): p for p in spec.points()
+                if p["seed_everything"] == seed and p["model.lr"] == lr}
+
+    old = experiments(load_spec(ROOT / "sweeps" / "state_updates.yaml", "cpu"))
+    new = experiments(load_spec(ROOT / "sweeps" / "suite_mqar.yaml"))
+    found = sorted((Path(p["config"]).stem, p["model.mixers"][1]) for e, p in new.items()
+                   if e in old)
+    assert found == sorted((c, r) for c in ("based", "elu")
+                           for r in ("linear", "delta", "gated", "gated_delta"))
+    calibration = load_spec(ROOT / "sweeps" / "calibration_overwrite.yaml")
+    old = {experiment(trial_args(calibration, p, "runs", "x")) for p in calibration.points()}
+    new = experiments(load_spec(ROOT / "sweeps" / "suite_overwrite.yaml"), lr=3e-3)
+    assert sorted((Path(p["config"]).stem, p["model.mixers"][1]) for e, p in new.items()
+                  if e in old) == [("based", "linear")]
