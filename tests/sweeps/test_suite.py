@@ -183,17 +183,46 @@ def test_task_names_drop_the_shared_prefix():
     assert named("a_b_x", "a_b_y", "a_c") == ["b_x", "b_y", "c"]
 
 
-def test_the_shipped_suite_shares_one_grid_and_its_claims():
+OWN = {"path", "description", "study", "profile", "reuse", "args"}
+"""The SweepSpec fields a suite spec sets itself; the rest come from sweeps/bases/suite.yaml."""
+REUSE = {"mqar": ["state_updates", "based_vs_llops", "warmstart_based"],
+         **{t: [f"calibration_{t}"] for t in TASKS[1:]}}
+
+
+def test_each_suite_spec_extends_the_base_with_only_its_own_keys():
+    """Nothing shared is copied into a task's spec: it names the base and sets its own keys."""
     assert sorted(p.stem for p in SUITE_SPECS) == sorted(f"suite_{t}" for t in TASKS)
-    specs = {p.stem.removeprefix("suite_"): load_spec(p) for p in SUITE_SPECS}
+    for path in SUITE_SPECS:
+        raw = yaml.safe_load(path.read_text())
+        assert raw["extends"] == "bases/suite.yaml"
+        assert set(raw) <= {"extends", "description", "study", "profile", "reuse", "profiles"}
+        assert set(raw.get("profiles", {})) <= {"smoke"}
+        assert set(raw.get("profiles", {}).get("smoke", {})) <= {"args"}
+    assert "study" not in yaml.safe_load((ROOT / "sweeps/bases/suite.yaml").read_text())
+
+
+@pytest.mark.parametrize("profile", [None, "smoke"])
+def test_the_shipped_suite_shares_one_grid_and_its_claims(profile):
+    """The specs load equal but for their own fields, which hold the values below; the shared
+    ones are the grid, lrs, pruner and claims (in the smoke profile, its smaller set)."""
+    specs = {t: load_spec(ROOT / "sweeps" / f"suite_{t}.yaml", profile) for t in TASKS}
+    shared = {t: {k: v for k, v in vars(spec).items() if k not in OWN}
+              for t, spec in specs.items()}
     first = specs["mqar"]
     for task, spec in specs.items():
-        assert spec.profile == ("cpu" if task == "mqar" else task)
-        assert (spec.grid, spec.lr, spec.claims, spec.pruner, spec.pruner_args) == (
-            first.grid, first.lr, first.claims, first.pruner, first.pruner_args)
-        assert spec.reuse == (["state_updates", "based_vs_llops", "warmstart_based"]
-                              if task == "mqar" else [f"calibration_{task}"])
-    assert first.lr == [3.0e-4, 1.0e-3, 3.0e-3]
+        assert shared[task] == shared["mqar"] and spec.points() == first.points()
+        assert spec.study == f"suite_{task}"
+        assert spec.profile == profile or spec.profile == ("cpu" if task == "mqar" else task)
+        assert spec.reuse == ([] if profile == "smoke" else REUSE[task])
+        assert spec.description.startswith("The suite (issue 38, item 3) on ")
+    assert len({spec.description for spec in specs.values()}) == len(TASKS)
+    if profile == "smoke":
+        assert (first.lr, first.pruner, len(first.claims), len(first.points())) == (
+            [3.0e-3], "none", 2, 2 * 2 * 1 * 1)
+        return
+    assert first.lr == [3.0e-4, 1.0e-3, 3.0e-3] and len(first.claims) == 10
+    assert (first.pruner, first.pruner_args) == ("halving", {"reduction_factor": 3,
+                                                             "min_resource": 1500})
     assert len(first.points()) == 5 * 4 * 3 * 3  # maps × state updates × seeds × lrs
 
 
