@@ -2,7 +2,9 @@
 
 ``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
 [--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
-``python -m sweeps status``, ``python -m sweeps save|restore ARCHIVE`` (:mod:`sweeps.archive`).
+``python -m sweeps suite SPEC [SPEC ...] [--out results/suite]`` (one grid over several tasks,
+:mod:`sweeps.report.suite`), ``python -m sweeps status``, ``python -m sweeps save|restore
+ARCHIVE`` (:mod:`sweeps.archive`).
 
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
@@ -90,6 +92,14 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--profile")
     rep.add_argument("--out", default="results")
     _storage_args(rep)
+    su = sub.add_parser("suite", help="one grid over several tasks (a spec each): the method × "
+                                      "task table with MAD's aggregate, and its heat map")
+    su.add_argument("spec", nargs="+", help="a spec per task, all with the same grid")
+    su.add_argument("--profile", help="the profile every spec is read with (default: each "
+                                      "spec's own)")
+    su.add_argument("--out", default="results/suite",
+                    help="folder of table.md, table.csv, heatmap.png (default results/suite)")
+    _storage_args(su)
     st = sub.add_parser("status", help="list studies with their trial counts")
     _storage_args(st)
     sv = sub.add_parser("save", help="write the storage's studies to an archive file (JSON "
@@ -239,6 +249,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suite(args: argparse.Namespace) -> int:
+    """The suite's table and heat map (:mod:`sweeps.report.suite`); each spec's study may be
+    unfinished or not started, but one of them must have run."""
+    from sweeps.report.suite import check_suite, write_suite  # here: keeps torch out of start-up
+
+    specs = [load_spec(path, args.profile) for path in args.spec]
+    check_suite(specs)
+    check_writable(args.out, "--out")
+    storage = open_storage(given_storage(args.storage, args.storage_file) or specs[0].storage,
+                           args.heartbeat, args.grace, must_exist=True,
+                           lock_timeout=args.lock_timeout)
+    known = set(optuna.get_all_study_names(storage))
+    if not known & {spec.study for spec in specs}:
+        raise StorageError(f"none of the suite's studies ({', '.join(s.study for s in specs)}) "
+                           "has run in this storage: nothing to report (start one with "
+                           f"`python -m sweeps run {args.spec[0]}`)")
+    for path in write_suite(specs, storage, Path(args.out)):
+        print(path)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
                            args.grace, must_exist=True, lock_timeout=args.lock_timeout)
@@ -290,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.lock_timeout) and args.lock_timeout > 0):
             raise CliError(f"--lock-timeout must be a positive number of seconds, got "
                            f"{args.lock_timeout}")
-        commands = {"run": cmd_run, "report": cmd_report, "status": cmd_status,
+        commands = {"run": cmd_run, "report": cmd_report, "suite": cmd_suite,
+                    "status": cmd_status,
                     "save": cmd_save, "restore": cmd_restore}
         return commands[args.command](args)
     except Exception as err:

@@ -16,13 +16,16 @@ A spec::
     sampler: grid                      # grid | tpe | random (then n_trials)
     pruner: none                       # none | median | halving | threshold, or a mapping
                                        # {type: median, n_startup_trials: 2} (Optuna kwargs)
-    args: []                           # extra main.py arguments for every trial
+    args: []                           # extra main.py arguments for every trial; a
+                                       # --config FILE.yaml among them resolves as configs do
     profiles: {smoke: {lr: [3.0e-3]}}  # per-profile replacements of the keys above
     claims:                            # comparisons checked seed by seed in the report
       - {name: "p=4 > p=2", better: {p: 4}, worse: {p: 2}}   # rows selected by hparams
       - {name: "qk-norm helps", better: {variant: qk-norm}, worse: {variant: baseline}}
       # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
     reuse: [p_ablation]                # finished runs of these studies stand for equal points
+    extends: bases/suite.yaml          # a base spec, relative to this file: its keys, each key
+                                       # here replacing the base's; profiles merge per name
     description: text                  # what the study is; written under table.md's title
     plots:                             # accuracy against an hparam, one line per series
       - {x: p, series: feature_map, name: acc_vs_p}
@@ -39,6 +42,12 @@ such as a fixed m·t; a ``null`` in a zipped row leaves that key to the point's 
 r beside LLoPS's m and t in one grid). A value ``best:<study>`` stands for the last checkpoint
 of that finished study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
 ``model.init_from``.
+
+``extends:`` (:func:`read_spec`) shares keys between specs: the base file's mapping, with each
+top-level key of the extending file replacing the base's, except ``profiles:``, whose entries
+merge per profile name (the extending file's ``profiles.smoke.args`` beside the base's
+``profiles.smoke.grid``). One level only: a base does not extend another. A base is no study
+(it has no ``study:``) and lives in ``sweeps/bases/``, out of the ``sweeps/*.yaml`` that are.
 """
 
 from __future__ import annotations
@@ -167,6 +176,38 @@ def _resolve(path: str) -> str:
     return str(p)
 
 
+def _resolve_config_value(value: Any) -> Any:
+    """A grid's ``config`` value resolved: a path, or a list of paths that compose."""
+    return [_resolve(x) for x in value] if isinstance(value, list) else _resolve(value)
+
+
+def _resolve_configs(key: str, values: list[Any]) -> list[Any]:
+    """Grid ``key``'s values with their ``config`` paths resolved (:func:`_resolve`), also where
+    ``config`` is zipped with other keys (``"config,m"``); other keys' values as they are."""
+    names = [k.strip() for k in key.split(",")]
+    if "config" not in names:
+        return values
+    if len(names) == 1:
+        return [_resolve_config_value(v) for v in values]
+    at = names.index("config")
+    return [[_resolve_config_value(x) if i == at else x for i, x in enumerate(row)]
+            for row in values]
+
+
+def _resolve_args(args: list[Any]) -> list[str]:
+    """``args`` as strings, each ``--config FILE.yaml`` (or ``--config=FILE.yaml``) path resolved
+    like ``configs:`` (relative to the repo when not found here), so a spec's overlay, e.g. a
+    task's smoke profile, does not depend on the working directory."""
+    out: list[str] = []
+    for arg in map(str, args):
+        if out and out[-1] == "--config" and arg.endswith((".yaml", ".yml")):
+            arg = _resolve(arg)
+        elif arg.startswith("--config=") and arg.endswith((".yaml", ".yml")):
+            arg = "--config=" + _resolve(arg[len("--config="):])
+        out.append(arg)
+    return out
+
+
 def _expand_aliases(key: str) -> str:
     """``"rank,m"`` → the full keys, comma-joined (:data:`ALIASES`)."""
     return ",".join(ALIASES.get(k.strip(), k.strip()) for k in key.split(","))
@@ -239,23 +280,79 @@ def _check_claims(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
-def load_spec(path: str | Path, profile: str | None = None, size: str | None = None) -> SweepSpec:
-    """Read and validate a spec; ``profile`` and ``size`` override the spec's own."""
-    path = Path(path)
-    if not path.exists():
-        raise SpecError(f"sweep spec not found: {path}")
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (an empty file: ``{}``); else :class:`SpecError`."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise SpecError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path} must hold a mapping")
-    unknown = sorted(set(raw) - ALLOWED)
+    return raw
+
+
+def _check_keys(raw: dict[str, Any], path: Path, allowed: set[str]) -> None:
+    """Every top-level key of ``path``'s mapping ``raw`` is in ``allowed``."""
+    unknown = sorted(set(raw) - allowed)
     if unknown:
         raise SpecError(f"unknown key(s) in {path.name}: {', '.join(unknown)} "
-                        f"(allowed: {', '.join(sorted(ALLOWED))})")
+                        f"(allowed: {', '.join(sorted(allowed))})")
+
+
+def _profiles(raw: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """``raw``'s ``profiles:`` as ``{name: {key: value}}`` (an empty profile: ``{}``)."""
+    profiles = raw.get("profiles") or {}
+    if not (isinstance(profiles, dict)
+            and all(v is None or isinstance(v, dict) for v in profiles.values())):
+        raise SpecError(f"profiles in {path.name} must map profile names to mappings of keys")
+    return {name: dict(keys or {}) for name, keys in profiles.items()}
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """The spec at ``path`` as one mapping, its ``extends:`` base applied: the base's keys, each
+    top-level key of ``path`` replacing the base's, and ``profiles:`` merged per profile name.
+
+    The base's path is relative to ``path``'s folder. A base that extends another (a chain, or
+    a cycle back to ``path``), a missing base, or one that is no mapping raises
+    :class:`SpecError` in one line naming ``path``.
+    """
+    raw = _read_mapping(path)
+    _check_keys(raw, path, ALLOWED | {"extends"})
+    if "extends" not in raw:
+        return raw
+    ref = raw.pop("extends")
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(f"{path}: extends must be the path of a base spec, relative to this "
+                        f"file, got {ref!r}")
+    base_path = path.parent / ref
+    if not base_path.is_file():
+        raise SpecError(f"{path}: extends {ref}, but there is no file {base_path}")
+    try:
+        base = _read_mapping(base_path)
+    except SpecError as err:
+        raise SpecError(f"{path}: extends {ref}, but {err}") from None
+    if "extends" in base:
+        back = base_path.parent / str(base["extends"])
+        loop = path.resolve() in (base_path.resolve(), back.resolve())
+        raise SpecError(f"{path}: its base {base_path} extends {base['extends']} in turn "
+                        f"({'a cycle' if loop else 'a chain'}); one level of extends only")
+    _check_keys(base, base_path, ALLOWED)
+    merged = {**base, **raw}
+    if "profiles" in base or "profiles" in raw:
+        theirs, ours = _profiles(base, base_path), _profiles(raw, path)
+        merged["profiles"] = {name: {**theirs.get(name, {}), **ours.get(name, {})}
+                              for name in {**theirs, **ours}}
+    return merged
+
+
+def load_spec(path: str | Path, profile: str | None = None, size: str | None = None) -> SweepSpec:
+    """Read and validate a spec; ``profile`` and ``size`` override the spec's own."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"sweep spec not found: {path}")
+    raw = read_spec(path)
     profile = profile or raw.get("profile", "cpu")
-    overrides = (raw.get("profiles") or {}).get(profile, {})
+    overrides = _profiles(raw, path).get(profile, {})
     unknown = sorted(set(overrides) - ALLOWED)
     if unknown:
         raise SpecError(f"unknown key(s) in profiles.{profile}: {', '.join(unknown)}")
@@ -269,9 +366,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
         raise SpecError("study must be a non-empty name")
     check_name(merged["study"], "study", SpecError)  # runs/<study>/, results/<study>/
     grid = _check_grid(merged.get("grid"))
-    if "config" in grid:  # a path, or a list of paths that compose
-        grid = {**grid, "config": [[_resolve(x) for x in c] if isinstance(c, list) else
-                                   _resolve(c) for c in grid["config"]]}
+    grid = {key: _resolve_configs(key, values) for key, values in grid.items()}
     lr = merged.get("lr") or []
     if lr and "model.lr" in {k for key in grid for k in key.split(",")}:
         raise SpecError("the learning rate is both in the grid and the lr: sub-grid; give one")
@@ -307,7 +402,7 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
                      metric=metric, direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
-                     args=[str(a) for a in args], storage=merged.get("storage"),
+                     args=_resolve_args(args), storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
                      claims=_check_claims(merged.get("claims")), reuse=list(reuse),
                      description=" ".join(description.split()))

@@ -1,7 +1,8 @@
 """The spec's plots of a report: accuracy against an hparam, or learning curves.
 
 The spec's plots: accuracy against an hparam (one line per series, or a marker per
-method), or learning curves, over the rows of the table.
+method), or learning curves, over the rows of the table; and the suite's heat map of methods
+× tasks (:func:`write_heatmap`, :mod:`sweeps.report.suite`).
 """
 
 from __future__ import annotations
@@ -190,3 +191,43 @@ def finish_plot(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: P
     plt.close(fig)
     return path
 
+
+
+def write_heatmap(values: list[list[float]], row_labels: list[str], column_labels: list[str],
+                  path: Path, colour_label: str, title: str = "") -> Path:
+    """A heat map of ``values`` (rows × columns, in percent; NaN where missing, drawn grey
+    with "–", never as 0), each cell annotated with its value; the colour scale spans the
+    values present. The last column is set off by a line when there are several."""
+    import matplotlib  # here: keeps matplotlib out of CLI start-up
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = np.ma.masked_invalid(np.array(values, dtype=float).reshape(len(row_labels),
+                                                                     len(column_labels)))
+    present = data.compressed()
+    low, high = (float(present.min()), float(present.max())) if present.size else (0.0, 100.0)
+    if high - low < 1e-9:
+        low, high = low - 1.0, high + 1.0
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.85")
+    width = 2.0 + 0.07 * max((len(r) for r in row_labels), default=0) + 1.1 * len(column_labels)
+    fig, ax = plt.subplots(figsize=(width, 1.5 + 0.38 * len(row_labels)))
+    image = ax.imshow(data, cmap=cmap, vmin=low, vmax=high, aspect="auto")
+    for i in range(len(row_labels)):
+        for j in range(len(column_labels)):
+            missing = bool(np.ma.getmaskarray(data)[i, j])
+            dark = not missing and data[i, j] < (low + high) / 2
+            ax.text(j, i, "–" if missing else f"{data[i, j]:.1f}", ha="center", va="center",
+                    fontsize=8, color="white" if dark else "black")
+    if len(column_labels) > 1:
+        ax.axvline(len(column_labels) - 1.5, color="white", linewidth=3)
+    ax.set_xticks(range(len(column_labels)), column_labels, rotation=30, ha="right")
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=8)
+    fig.colorbar(image, ax=ax, label=colour_label)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

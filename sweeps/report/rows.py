@@ -5,7 +5,9 @@ the lr with the best mean is the point's best lr, and the row reports mean ± st
 n seeds) there, per-slice means, state size and the paper's value where one matches
 (``sweeps.paper``), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
 the best lr's runs that converged, :mod:`arbench.curves`), collapsed runs at the best lr, and
-whether the best lr sits at an edge of the lrs tried.
+whether the best lr sits at an edge of the lrs tried. ``seed_values`` and ``seed_slices`` keep
+each seed's objective and per-slice accuracy there (the claims and the suite's aggregate,
+:mod:`sweeps.report.suite`, read them).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             "lr_means": {lr: statistics.fmean(run_value(t, maximize) for t in ts)
                          for lr, ts in by_lr.items()},
             "seed_values": {t.params.get(SEED): run_value(t, maximize) for t in at_best},
+            "seed_slices": {t.params.get(SEED): dict(t.user_attrs.get("slices") or {})
+                            for t in at_best},
             "curves": [t.user_attrs.get("val_curve") or [] for t in at_best],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "slice_values": {k: list(v) for k, v in sorted(slices.items())},

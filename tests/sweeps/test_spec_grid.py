@@ -55,3 +55,22 @@ def test_long_profile_specs_load(name):
     spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
     assert spec.profile == "long" and spec.points()
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", "smoke").points()
+
+
+def test_config_paths_resolve_from_any_folder_zipped_and_in_args(tmp_path, monkeypatch):
+    """A zipped ``config`` (``"config,m"``) and a ``--config`` file among ``args`` resolve like
+    ``config:`` values: relative to the repo when the working folder has no such file."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "study": "s", "configs": [], "grid": {"config,m": [["configs/p2.yaml", 64],
+                                                         ["configs/based.yaml", None]]},
+        "lr": [1e-3], "args": ["--config", "configs/tasks/overwrite_smoke.yaml",
+                               "--config=configs/sizes/tiny.yaml", "--trainer.max_steps=3"]}))
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(path)
+    assert [p["config"] for p in spec.points()] == [config("p2.yaml"), config("based.yaml")]
+    assert spec.args == ["--config", config("tasks/overwrite_smoke.yaml"),
+                         f"--config={config('sizes/tiny.yaml')}", "--trainer.max_steps=3"]
+    path.write_text(path.read_text().replace("overwrite_smoke", "nothing_smoke"))
+    with pytest.raises(SpecError, match="config file not found: configs/tasks/nothing_smoke"):
+        load_spec(path)

@@ -1,0 +1,343 @@
+"""``python -m sweeps suite``: one grid over several tasks (a study each), as a method × task table.
+
+A suite is a list of specs, one per task (``sweeps/suite_<task>.yaml``), that share one grid.
+A *method* is a grid point less seed and lr (:data:`sweeps.trials.VARYING`); in each task's
+study it sits at that study's best lr for it (:func:`sweeps.report.rows.rows`, as ``report``
+picks it). MAD's aggregate (Poli et al. 2024, mad-lab): a run's *task score* is the mean of
+its accuracy over the task's difficulty settings, here its test slices (each slice's val/acc
+at the run's best validation, as ``table.md``'s slice columns); a cell is the mean ± sample
+std of the task score over the seeds at the point's best lr; a method's aggregate is the mean
+of its cells over the tasks, with the std over the seeds every task has of each seed's mean
+over tasks. A cell with no finished run is missing (never 0), and so is the aggregate of a
+method missing on any task; a cell whose point has runs still to finish is marked partial.
+
+:func:`write_suite` writes ``table.md`` (the progress of each task's study, the table, each
+cell's best lr, the specs' claims checked seed by seed per task), ``table.csv`` (one row per
+method; fractions, not percent) and ``heatmap.png``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from arbench.tables import markdown_table, write_csv
+from sweeps.names import trial_name
+from sweeps.report import study_trials
+from sweeps.report.labels import label
+from sweeps.report.plots import write_heatmap
+from sweeps.report.rows import rows
+from sweeps.report.table import claim_rows
+from sweeps.spec import SpecError, SweepSpec
+from sweeps.trials import (
+    RESULTS,
+    VARYING,
+    Trials,
+    failed_points,
+    grid_point,
+    point_key,
+    state_counts,
+)
+
+AGGREGATE = "aggregate"
+"""The aggregate's column name (table.md, table.csv's ``aggregate_*``, the heat map)."""
+
+
+@dataclass
+class Cell:
+    """One method on one task: each seed's task score (a fraction) at the point's best lr."""
+
+    scores: dict[Any, float]
+    best_lr: float
+    partial: bool = False
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.scores.values())
+
+    @property
+    def std(self) -> float:
+        """Sample std over seeds (0 for one seed)."""
+        return statistics.stdev(self.scores.values()) if len(self.scores) > 1 else 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.scores)
+
+
+@dataclass
+class Method:
+    """A row of the suite: a grid point less seed and lr, with its cell on each task."""
+
+    key: tuple
+    label: str
+    hparams: dict[str, Any] = field(default_factory=dict)
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    def aggregate(self, tasks: list[str]) -> Cell | None:
+        """Each seed's mean task score over ``tasks``, for the seeds every task has (its std
+        is the aggregate's spread; its mean equals :func:`aggregate_mean` when every task has
+        the same seeds); None when a task has no cell."""
+        if not tasks or any(t not in self.cells for t in tasks):
+            return None
+        seeds = set.intersection(*(set(self.cells[t].scores) for t in tasks))
+        return Cell({s: statistics.fmean(self.cells[t].scores[s] for t in tasks)
+                     for s in sorted(seeds, key=str)}, best_lr=math.nan,
+                    partial=any(self.cells[t].partial for t in tasks))
+
+
+def aggregate_mean(method: Method, tasks: list[str]) -> float | None:
+    """MAD's aggregate: the mean over ``tasks`` of the method's cell means (None when a task
+    has no cell)."""
+    if not tasks or any(t not in method.cells for t in tasks):
+        return None
+    return statistics.fmean(method.cells[t].mean for t in tasks)
+
+
+def task_names(specs: list[SweepSpec]) -> list[str]:
+    """Each spec's task: its study name less the ``_``-separated prefix all share
+    (``suite_mqar``, ``suite_overwrite`` -> ``mqar``, ``overwrite``); one spec: its study."""
+    parts = [spec.study.split("_") for spec in specs]
+    k = 0
+    while len(parts) > 1 and all(len(p) > k + 1 for p in parts) and len({p[k] for p in parts}) == 1:
+        k += 1
+    return ["_".join(p[k:]) for p in parts]
+
+
+def check_suite(specs: list[SweepSpec]) -> None:
+    """One grid across the specs: the same grid (keys, values, order), model size and storage,
+    and a study each; else :class:`SpecError` in one line naming the first difference. The lr
+    sub-grids may differ (a task's profile may need its own)."""
+    if not specs:
+        raise SpecError("a suite needs at least one spec")
+    first = specs[0]
+    studies = [spec.study for spec in specs]
+    if len(set(studies)) < len(studies):
+        raise SpecError(f"a study is named twice in {', '.join(studies)}: a suite takes one "
+                        "spec per task")
+    for spec in specs[1:]:
+        if spec.grid != first.grid:
+            keys = [*first.grid, *(k for k in spec.grid if k not in first.grid)]
+            key = next(k for k in keys if spec.grid.get(k) != first.grid.get(k))
+            raise SpecError(f"{spec.path} and {first.path} have different grids (grid.{key}: "
+                            f"{spec.grid.get(key)!r:.80} against {first.grid.get(key)!r:.80}); "
+                            "a suite compares one grid across its tasks")
+        if spec.size != first.size:
+            raise SpecError(f"{spec.path} and {first.path} set different model sizes "
+                            f"({spec.size} against {first.size}); a suite compares one grid")
+        if spec.storage != first.storage:
+            raise SpecError(f"{spec.path} and {first.path} name different storages: give the "
+                            "suite's with --storage")
+
+
+def grid_methods(spec: SweepSpec) -> dict[tuple, dict[str, Any]]:
+    """``{method key: its grid values}`` (:func:`sweeps.trials.point_key` less seed and lr),
+    ordered by the grid's ``config`` values first (the rows of one method config together),
+    then as the grid lists them."""
+    points = {point_key(p): {k: v for k, v in p.items() if k not in VARYING}
+              for p in spec.points()}
+    configs = list(dict.fromkeys(str(v.get("config")) for v in points.values()))
+    return dict(sorted(points.items(), key=lambda kv: configs.index(str(kv[1].get("config")))))
+
+
+def progress(spec: SweepSpec, trials: Trials) -> dict[str, int]:
+    """``{done, total, failed, running, waiting}``: the spec's grid points (lr and seed
+    included) with a finished result (complete or pruned), all of them, the failed points not
+    queued again, and the trials running or queued."""
+    wanted = {point_key(p, free=()) for p in spec.points()}
+    done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
+    counts = state_counts(trials)
+    return {"done": len(wanted & done), "total": len(wanted),
+            "failed": len(failed_points(trials)), "running": counts["running"],
+            "waiting": counts["waiting"]}
+
+
+def unfinished_methods(spec: SweepSpec, trials: Trials) -> set[tuple]:
+    """The method keys with a grid point (an lr or a seed) that has no finished result yet."""
+    done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
+    return {point_key(p) for p in spec.points() if point_key(p, free=()) not in done}
+
+
+def task_cells(spec: SweepSpec, trials: Trials) -> tuple[dict[tuple, Cell], list[dict[str, Any]]]:
+    """``({method key: Cell}, rows)``: each point's task score per seed at its best lr (the
+    seeds whose run recorded slices), and the study's table rows (:func:`rows`)."""
+    table = rows(spec, trials)
+    open_keys = unfinished_methods(spec, trials)
+    cells = {}
+    for row in table:
+        key = tuple(sorted(row["point"].items()))
+        scores = {seed: statistics.fmean(slices.values())
+                  for seed, slices in row["seed_slices"].items() if slices}
+        if scores:
+            cells[key] = Cell(scores, row["best_lr"], partial=key in open_keys)
+    return cells, table
+
+
+@dataclass
+class Suite:
+    """The method × task table of a suite, with what each task's study has done."""
+
+    tasks: list[str]
+    specs: list[SweepSpec]
+    methods: list[Method]
+    progress: dict[str, dict[str, int] | None]
+    claims: dict[str, list[dict[str, Any]]]
+
+
+def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Suite:
+    """The suite of ``specs`` (checked by :func:`check_suite`) from each study's ``trials``
+    (None: the study has not started). Methods come in grid order; a point that ran but is
+    not in the grid (another checkout's config paths) follows as a row of its own."""
+    check_suite(specs)
+    tasks = task_names(specs)
+    methods = {key: Method(key, trial_name(values) + " (no runs yet)")
+               for key, values in grid_methods(specs[0]).items()}
+    done: dict[str, dict[str, int] | None] = {}
+    claims: dict[str, list[dict[str, Any]]] = {}
+    for task, spec in zip(tasks, specs):
+        got = trials.get(spec.study)
+        done[task] = None if got is None else progress(spec, got)
+        if got is None:
+            continue
+        cells, table = task_cells(spec, got)
+        claims[task] = claim_rows(table, spec.claims)
+        for row in table:
+            key = tuple(sorted(row["point"].items()))
+            method = methods.setdefault(key, Method(key, ""))
+            if not method.hparams and row["hparams"]:
+                method.hparams, method.label = dict(row["hparams"]), label(row["hparams"])
+            if key in cells:
+                method.cells[task] = cells[key]
+    for method in methods.values():  # a row with runs but no hparams recorded
+        method.label = method.label or trial_name(dict(method.key))
+    return Suite(tasks, specs, list(methods.values()), done, claims)
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def cell_text(cell: Cell | None, mean: float | None = None) -> str:
+    """``"mean ± std (n)"`` in percent, ``*`` when partial; ``"–"`` when missing."""
+    if cell is None or not cell.n:
+        return "–"
+    shown = cell.mean if mean is None else mean
+    return f"{pct(shown)} ± {pct(cell.std)} ({cell.n}){'*' if cell.partial else ''}"
+
+
+def progress_line(task: str, spec: SweepSpec, done: dict[str, int] | None) -> str:
+    """One task's line: its study, profile and how many of its runs are done."""
+    head = f"- {task}: study `{spec.study}`, {spec.profile} profile, "
+    if done is None:
+        return head + f"not started (0 of {len(spec.points())} runs)"
+    extra = [f"{done[k]} {k}" for k in ("failed", "running", "waiting") if done[k]]
+    rest = f" ({', '.join(extra)})" if extra else ""
+    return head + f"{done['done']} of {done['total']} runs done{rest}"
+
+
+def claim_text(claim: dict[str, Any] | None) -> str:
+    """A claim on one task: ``"k of n, gap ± std"`` in points; why not, when unchecked."""
+    if claim is None:
+        return "–"
+    if claim["status"] != "ok" or not claim["n"]:
+        return "not checked" if claim["status"] == "ok" else f"not checked ({claim['status']})"
+    spread = f" ± {pct(claim['gap_std'])}" if claim["n"] > 1 else ""
+    return f"{claim['k']} of {claim['n']}, {100 * claim['gap_mean']:+.1f}{spread}"
+
+
+def suite_markdown(suite: Suite) -> list[str]:
+    """table.md's lines: title, what a cell is, each task's progress, the table, best lrs,
+    the claims per task."""
+    tasks = suite.tasks
+    n_done = sum(1 for d in suite.progress.values() if d and d["done"] == d["total"])
+    md = [f"# suite: {len(tasks)} tasks × {len(suite.methods)} methods", "",
+          "Each cell: a run's task score is its mean accuracy over the task's difficulty "
+          "settings (its test slices, val/acc at the run's best validation); the cell is the "
+          "mean ± sample std (n seeds) of that score at the point's best learning rate on "
+          "that task (picked by each study's objective, as its own table.md). *aggregate*: "
+          "MAD's, the mean of the method's cells over the tasks, ± the std over the seeds "
+          "every task has of each seed's mean over tasks (n those seeds); missing when a task "
+          "has no cell. – : no finished run. * : partial, runs of this point (an lr or a seed) "
+          "not finished yet, so its best lr may still change. Per-task tables, runs.csv and "
+          "plots: `python -m sweeps report SPEC`.", "",
+          f"Tasks done: {n_done} of {len(tasks)}.", "",
+          *[progress_line(t, s, suite.progress[t]) for t, s in zip(tasks, suite.specs)], ""]
+    header = ["method", "state size", *tasks, AGGREGATE]
+    body = []
+    for m in suite.methods:
+        agg = m.aggregate(tasks)
+        mean = aggregate_mean(m, tasks)
+        have = sum(t in m.cells for t in tasks)
+        agg_text = cell_text(agg, mean) if agg is not None and agg.n else \
+            f"– ({pct(mean)} over tasks, no seed in all)" if mean is not None else \
+            f"– ({have} of {len(tasks)} tasks)"
+        body.append([m.label, m.hparams.get("state_size", ""),
+                     *[cell_text(m.cells.get(t)) for t in tasks], agg_text])
+    md += markdown_table(header, body)
+    md += ["", "## Best lr per task", "", *markdown_table(
+        ["method", *tasks],
+        [[m.label, *[f"{m.cells[t].best_lr:g}" if t in m.cells else "–" for t in tasks]]
+         for m in suite.methods])]
+    names = list(dict.fromkeys(c["claim"] for rows_ in suite.claims.values() for c in rows_))
+    if names:
+        md += ["", "## Claims, seed by seed, per task (each side at its best lr on that task)",
+               "", "Holds in k of n seeds, mean gap ± std in points (objective, better − worse); "
+               "– : the task's study has not started.", ""]
+        by_task = {t: {c["claim"]: c for c in rows_} for t, rows_ in suite.claims.items()}
+        md += markdown_table(["claim", *tasks],
+                             [[name, *[claim_text(by_task.get(t, {}).get(name)) for t in tasks]]
+                              for name in names])
+    return md
+
+
+def suite_csv_rows(suite: Suite) -> tuple[list[dict[str, Any]], list[str]]:
+    """table.csv's rows (one per method; fractions; empty where missing) and its header."""
+    fields = ["method", "feature_map", "mixers", "m", "state_size"]
+    for name in [*suite.tasks, AGGREGATE]:
+        fields += [f"{name}_mean", f"{name}_std", f"{name}_n"]
+        fields += [f"{name}_best_lr", f"{name}_partial"] if name != AGGREGATE else []
+    fields += ["tasks"]
+    out = []
+    for m in suite.methods:
+        row: dict[str, Any] = {"method": m.label, "tasks": len(m.cells),
+                               **{k: m.hparams.get(k) for k in fields[1:5]}}
+        for t in suite.tasks:
+            c = m.cells.get(t)
+            row.update({f"{t}_mean": None, f"{t}_std": None, f"{t}_n": 0, f"{t}_best_lr": None,
+                        f"{t}_partial": None} if c is None else
+                       {f"{t}_mean": c.mean, f"{t}_std": c.std, f"{t}_n": c.n,
+                        f"{t}_best_lr": c.best_lr, f"{t}_partial": c.partial})
+        agg = m.aggregate(suite.tasks)
+        row.update({f"{AGGREGATE}_mean": aggregate_mean(m, suite.tasks),
+                    f"{AGGREGATE}_std": agg.std if agg is not None and agg.n else None,
+                    f"{AGGREGATE}_n": agg.n if agg is not None else None})
+        out.append(row)
+    return out, fields
+
+
+def write_suite(specs: list[SweepSpec], storage: Any, out: Path) -> list[Path]:
+    """``out/table.md``, ``table.csv`` and ``heatmap.png`` of the suite of ``specs`` from
+    ``storage`` (a study not in it counts as not started)."""
+    check_suite(specs)
+    known = set(optuna.get_all_study_names(storage))
+    trials = {s.study: study_trials(s, storage) if s.study in known else None for s in specs}
+    suite = build_suite(specs, trials)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path = out / "table.md"
+    md_path.write_text("\n".join(suite_markdown(suite)) + "\n")
+    csv_rows, fields = suite_csv_rows(suite)
+    csv_path = write_csv(out / "table.csv", csv_rows, fields)
+    values = []
+    for m in suite.methods:
+        agg = aggregate_mean(m, suite.tasks)
+        values.append([100 * m.cells[t].mean if t in m.cells else math.nan for t in suite.tasks]
+                      + [math.nan if agg is None else 100 * agg])
+    plot = write_heatmap(values, [m.label for m in suite.methods], [*suite.tasks, AGGREGATE],
+                         out / "heatmap.png", "task score % (mean over seeds)",
+                         title="suite: each task at its best lr, and MAD's aggregate")
+    return [md_path, csv_path, plot]
