@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from arbench.bench.layers import PASSES
+from arbench.bench.training import BF16_HEADS
 
 FLOP_FRACTION_TARGET = 0.60
 SOFTMAX_SPEEDUP_TARGET = 3.0
@@ -166,7 +167,7 @@ def memory_checks(ratios: list[dict]) -> list[dict]:
 def training_checks(train: list[dict]) -> list[dict]:
     """The p4 training step reaches ``FLOP_FRACTION_TARGET`` of fp32 matmul FLOP/s (each fp32
     head)."""
-    sel = [r for r in train if r["spec"] == "p4" and not r["head"].endswith("_bf16")]
+    sel = [r for r in train if r["spec"] == "p4" and r["head"] not in BF16_HEADS]
     if not sel:
         return [_check(f"p4 training step ≥ {FLOP_FRACTION_TARGET:.0%} of matmul FLOP/s",
                        "not run", None)]
