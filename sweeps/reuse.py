@@ -27,6 +27,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
+from arbench.defaults import DEFAULT_PRECISION
 from sweeps.command import trial_args
 from sweeps.spec import SweepSpec
 from sweeps.trials import RESULTS
@@ -52,10 +53,17 @@ def _parse_only_cli(args: list[str]) -> Any:
         return build_cli(args, run=False, cli_class=ParseOnly)
 
 
+DEFAULT_PRECISIONS = (None, "32", 32, "32-true")
+"""``trainer.precision`` values that all train in fp32 (unset: Lightning's ``32-true``)."""
+
+
 def experiment(args: list[str]) -> str:
     """The resolved configuration of ``main.py`` ``args`` less :data:`IGNORED`, as a
-    canonical JSON string."""
+    canonical JSON string; a precision of :data:`DEFAULT_PRECISIONS` counts as ``32-true``."""
     config = _parse_only_cli(args).config.as_dict()
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("precision") in DEFAULT_PRECISIONS:
+        trainer["precision"] = DEFAULT_PRECISION
     for path in IGNORED:
         node = config
         for key in path[:-1]:

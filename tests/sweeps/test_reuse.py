@@ -23,6 +23,15 @@ def test_the_same_experiment_written_two_ways_is_equal():
                                  "--seed_everything=1"])
 
 
+def test_an_unset_precision_is_the_same_experiment_as_32_true():
+    unset = experiment(["--config", config("p2.yaml"), *SMOKE])
+    for same in ("32-true", "32"):
+        assert unset == experiment(["--config", config("p2.yaml"), *SMOKE,
+                                    f"--trainer.precision={same}"])
+    assert unset != experiment(["--config", config("p2.yaml"), *SMOKE,
+                                "--trainer.precision=bf16-mixed"])
+
+
 def test_a_study_reuses_the_equal_runs_of_another(tmp_path):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     first = write_spec(tmp_path, "first", {"model.feature_map.init_args.p": [2],
