@@ -13,8 +13,10 @@ each seed's objective and per-slice accuracy there (the claims and the suite's a
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from optuna.trial import TrialState
@@ -26,6 +28,16 @@ from sweeps.trials import SEED, Trials, best_lr, by_point_and_lr, run_value
 
 ROW_ORDER = ("feature_map", "p", "rank", "m", "r", "d_model")
 """Rows are sorted by these hparams."""
+
+
+MQAR_SLICE = re.compile(r"L\d+_N\d+")
+"""An MQAR test slice's name (``L64_N8``); the other recall tasks prefix theirs (``ow_…``,
+:data:`arbench.data.tasks.TASKS`)."""
+
+
+def mqar_slices(names: Iterable[str]) -> bool:
+    """Whether every slice name is an MQAR slice's (also for runs recorded before tasks)."""
+    return all(MQAR_SLICE.fullmatch(n) for n in names)
 
 
 def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
@@ -69,7 +81,8 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "slice_values": {k: list(v) for k, v in sorted(slices.items())},
             "example_acc": examples, "token_acc": tokens,
-            "paper": None if variant(hp) else paper_value(hp),  # the paper's: plain, from scratch
+            # the paper's: plain MQAR runs from scratch
+            "paper": None if variant(hp) or not mqar_slices(slices) else paper_value(hp),
             "wall_time_s": sum(t.user_attrs.get("wall_time_s", 0.0) for ts in by_lr.values()
                                for t in ts),
         })

@@ -534,13 +534,18 @@ def test_the_papers_value_stands_only_beside_the_papers_setting(tmp_path):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = optuna.create_study(study_name="ws", storage=url, direction="maximize")
     based = {"feature_map": "Based", "p": 2, "r": 16, "d_model": 128}
-    for point, hp in ((0, based), (1, {**based, "init_from": "runs/x/last.ckpt"})):
+    for point, hp, slices in ((0, based, {"L64_N8": 0.9}),
+                              (1, {**based, "init_from": "runs/x/last.ckpt"}, {"L64_N8": 0.9}),
+                              (2, {**based, "d_model": 192}, {"ow_L64_N8_U4": 0.9})):
         study.add_trial(optuna.trial.create_trial(
-            params={"point": point}, value=0.9, user_attrs={"hparams": hp},
-            distributions={"point": optuna.distributions.IntDistribution(0, 1)}))
+            params={"point": point}, value=0.9, user_attrs={"hparams": hp, "slices": slices},
+            distributions={"point": optuna.distributions.IntDistribution(0, 2)}))
     spec = load_spec(write_spec(tmp_path, "ws", {"seed_everything": [0]}))
-    papers = {label(r["hparams"]): r["paper"] for r in rows(spec, study_trials(spec, url))}
-    assert papers == {"BASED r=16": 91.9, "BASED r=16 (warm start)": None}
+    papers = {label(r["hparams"]) + f" d={r['hparams']['d_model']}": r["paper"]
+              for r in rows(spec, study_trials(spec, url))}
+    # another recall task (overwrite MQAR, its slices prefixed) has no paper value either
+    assert papers == {"BASED r=16 d=128": 91.9, "BASED r=16 (warm start) d=128": None,
+                      "BASED r=16 d=192": None}
 
 
 
