@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from arbench.checks import CliError
 from arbench.ckpt_check import load_tensors
-from arbench.cli_errors import CliError
+from arbench.cli import build_cli
 from arbench.model import RecallModel
 from arbench.noise import quiet_known_noise
 from arbench.profiles import default_profile_note, with_default_profile
@@ -63,8 +63,8 @@ def loss_gradient(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor
     under CPU bf16 autocast when ``bf16``; one fp32 tensor per named parameter."""
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits, targets, _ = model.answer_logits(inputs, labels)
-    F.cross_entropy(logits.float(), targets).backward()
+        loss = model.loss(inputs, labels)
+    loss.backward()
     return {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
             if p.grad is not None}
 
@@ -112,8 +112,6 @@ def build(configs: list[str], sets: list[str], ckpt: str | None,
           ) -> tuple[RecallModel, Any]:
     """The model and datamodule ``main.py fit --config …`` builds (the default profile when
     none of ``configs`` is one), weights from ``ckpt``."""
-    from arbench.cli import build_cli
-
     args: list[str] = []
     for c in configs:
         args += ["--config", c]
