@@ -34,7 +34,8 @@ def recipe_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
 
 
 TRAINING_DEFAULTS: dict[str, Any] = {**recipe_hparams({}), "shuffle": DEFAULT_SHUFFLE,
-                                     "precision": DEFAULT_PRECISION, "fp32_mixers": ""}
+                                     "precision": DEFAULT_PRECISION, "fp32_mixers": "",
+                                     "max_position_embeddings": 0}
 """How a run trained, as hparams, when its hparams do not say (runs recorded before these were
 hparams)."""
 

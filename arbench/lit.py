@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from arbench.checks import CliError
 from arbench.defaults import DEFAULT_PRECISION, DEFAULT_SHUFFLE, recipe_hparams
 from arbench.featuremaps import FeatureMap
 from arbench.metrics import example_accuracy
@@ -47,6 +48,9 @@ class LitRecall(L.LightningModule):
     decay to ``min_lr_ratio * lr`` at the last training step; or ``"zoology"``, cosine over
     epochs stepped once per epoch, no warm-up (``warmup_steps`` and ``min_lr_ratio`` unused).
     ``embedding_dropout``: dropout on the embedding's output while training (zoology: 0.1).
+    ``max_position_embeddings``: learned absolute position embeddings added to the token
+    embedding for positions below it (0, the default: none); every sequence of the data must
+    fit (checked at set-up).
     ``fp32_mixers``: mixer names (of ``mixers``) whose layers compute in fp32 under a mixed
     precision (:func:`arbench.model.run_mixer`); recorded as ``fp32_mixers`` (comma-joined).
 
@@ -83,7 +87,7 @@ class LitRecall(L.LightningModule):
                  block: str = "prenorm", init_std: float | None = None,
                  embedding_dropout: float = 0.0, betas: tuple[float, float] = (0.9, 0.98),
                  weight_decay_scope: str = "matrices", lr_schedule: str = "cosine",
-                 fp32_mixers: list[str] | None = None):
+                 fp32_mixers: list[str] | None = None, max_position_embeddings: int = 0):
         super().__init__()
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"model.lr must be a positive number, got {lr!r}")
@@ -110,7 +114,7 @@ class LitRecall(L.LightningModule):
             conv_kernel=conv_kernel, use_mlp=use_mlp, tie_embeddings=tie_embeddings,
             qk_norm=qk_norm, qk_dim=qk_dim, attention_eps=attention_eps, block=block,
             init_std=init_std, embedding_dropout=embedding_dropout,
-            fp32_mixers=fp32_mixers or ())
+            fp32_mixers=fp32_mixers or (), max_position_embeddings=max_position_embeddings)
         if compile:
             self.model.compile_body()
         self.val_acc = MeanMetric()
@@ -130,6 +134,11 @@ class LitRecall(L.LightningModule):
                 what = f", {', '.join(converted)} embedded from BASED" if converted else ""
                 print(f"initialised from {self.hparams.init_from}{what}")
         dm = getattr(self.trainer, "datamodule", None)
+        segments = [*getattr(dm, "train_segments", []), *getattr(dm, "test_segments", [])]
+        try:
+            self.model.check_positions(max((s.seq_len for s in segments), default=0))
+        except ValueError as err:
+            raise CliError(str(err)) from None
         names = list(getattr(dm, "slice_names", []))
         if names and names != self.slice_names:
             self.slice_names = names
@@ -156,6 +165,7 @@ class LitRecall(L.LightningModule):
         trainer = getattr(self, "_trainer", None)
         hp["precision"] = str(trainer.precision) if trainer is not None else DEFAULT_PRECISION
         hp["fp32_mixers"] = ",".join(self.model.fp32_mixers)
+        hp["max_position_embeddings"] = self.model.max_position_embeddings
         hp["shuffle"] = bool(getattr(getattr(trainer, "datamodule", None), "shuffle",
                                      DEFAULT_SHUFFLE))
         return hp

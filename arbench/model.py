@@ -113,8 +113,12 @@ def normal_init(model: nn.Module, std: float) -> None:
 
 
 class RecallModel(nn.Module):
-    """Token embedding (→ dropout when ``embedding_dropout`` > 0, training only) →
-    ``n_layers`` blocks → final LayerNorm → LM head (tied by default).
+    """Token embedding (+ a learned embedding of each position ``0 …
+    max_position_embeddings − 1`` when that is > 0, zoology's ``max_position_embeddings``) (→
+    dropout when ``embedding_dropout`` > 0, training only) → ``n_layers`` blocks → final
+    LayerNorm → LM head (tied by default). Without position embeddings (the default) only the
+    convolutions and the causal order tell positions apart; a sequence longer than
+    ``max_position_embeddings`` is a ``ValueError``.
 
     ``fp32_mixers``: names of ``mixers`` whose layers run in fp32 under autocast (e.g.
     ``["conv"]`` with ``--trainer.precision bf16-mixed``); no effect without autocast."""
@@ -127,7 +131,8 @@ class RecallModel(nn.Module):
                  tie_embeddings: bool = True, qk_norm: bool = False, qk_dim: int | None = None,
                  attention_eps: float = 1e-6, block: str = "prenorm",
                  init_std: float | None = None, embedding_dropout: float = 0.0,
-                 fp32_mixers: list[str] | tuple[str, ...] = ()):
+                 fp32_mixers: list[str] | tuple[str, ...] = (),
+                 max_position_embeddings: int = 0):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("num_heads", num_heads)):
@@ -143,6 +148,7 @@ class RecallModel(nn.Module):
                              f"got {embedding_dropout!r}")
         if not (isinstance(attention_eps, (int, float)) and attention_eps > 0):
             raise ValueError(f"attention_eps must be a positive number, got {attention_eps!r}")
+        check_int("max_position_embeddings", max_position_embeddings, minimum=0)
         mixers = list(mixers)
         if not mixers or any(m not in MIXER_NAMES for m in mixers):
             raise ValueError(f"mixers must be a non-empty list of {MIXER_NAMES}, got {mixers!r}")
@@ -166,6 +172,11 @@ class RecallModel(nn.Module):
 
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embed = None
+        if max_position_embeddings > 0:
+            self.position_embed = nn.Embedding(max_position_embeddings, d_model)
+            nn.init.normal_(self.position_embed.weight, std=0.02)
         # zoology's embedding dropout (training only); none by default, so no RNG is drawn
         self.embed_dropout = nn.Dropout(embedding_dropout) if embedding_dropout > 0 else None
         self.block = block
@@ -182,6 +193,10 @@ class RecallModel(nn.Module):
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final normalised hidden states ``(b, n, d_model)`` of ``input_ids`` ``(b, n)``."""
         x = self.embed(input_ids)
+        if self.position_embed is not None:
+            n = input_ids.shape[-1]
+            self.check_positions(n)
+            x = x + self.position_embed.weight[:n]
         if self.embed_dropout is not None:
             x = self.embed_dropout(x)
         if self.block == "zoology":
@@ -193,6 +208,13 @@ class RecallModel(nn.Module):
             for block in self.blocks:
                 x = block(x)
         return self.final_norm(x)
+
+    def check_positions(self, seq_len: int) -> None:
+        """Raise ``ValueError`` when position embeddings are on and ``seq_len`` exceeds them."""
+        if 0 < self.max_position_embeddings < seq_len:
+            raise ValueError(f"a sequence of {seq_len} tokens is longer than "
+                             f"model.max_position_embeddings={self.max_position_embeddings}; "
+                             f"raise it to the longest seq_len of the data (or 0: none)")
 
     def compile_body(self) -> None:
         """Run :meth:`hidden` through ``torch.compile`` from now on (idempotent; weights and

@@ -73,6 +73,8 @@ def variant(hp: dict[str, Any]) -> str:
         parts.append("(warm start)")
     if hp.get("block") == "zoology":
         parts.append("zoology block")
+    if hp.get("max_position_embeddings"):
+        parts.append("pos-emb")
     if hp.get("init_std") not in (None, "default"):
         parts.append(f"init N(0, {hp['init_std']}²)")
     if hp.get("init") not in (None, "variance"):
