@@ -186,7 +186,9 @@ def test_task_names_drop_the_shared_prefix():
 OWN = {"path", "description", "study", "profile", "reuse", "args"}
 """The SweepSpec fields a suite spec sets itself; the rest come from sweeps/bases/suite.yaml."""
 REUSE = {"mqar": ["state_updates", "based_vs_llops", "warmstart_based"],
-         **{t: [f"calibration_{t}"] for t in TASKS[1:]}}
+         **{t: [yaml.safe_load((ROOT / "sweeps" / f"calibration_{t}.yaml").read_text())["study"]]
+            for t in TASKS[1:]}}
+"""Each task's suite reuses the runs of the study that calibrated its profile."""
 
 
 def test_each_suite_spec_extends_the_base_with_only_its_own_keys():
