@@ -223,8 +223,7 @@ def bf16_checks(result: dict) -> list[dict]:
                               None))
     for size, goal in BF16_STEP_SPEEDUP_TARGETS.items():
         steps = {r["head"]: r for r in result["train"] if r["spec"] == size}
-        for head, what in (("answer_bf16", "bf16"), ("answer_bf16_conv_fp32",
-                                                     "bf16 with the conv layer in fp32")):
+        for head, (what, _) in BF16_HEADS.items():
             target = f"training step at the {size} size in {what}: ≥ {goal}× the fp32 tokens/s"
             if head in steps and "answer" in steps:
                 ratio = steps[head]["tokens_per_s"] / steps["answer"]["tokens_per_s"]

@@ -39,9 +39,11 @@ from arbench.model import RecallModel
 from arbench.optim import make_adamw
 
 HEADS = ("answer", "full")
-BF16_HEADS = ("answer_bf16", "answer_bf16_conv_fp32")
-"""The bf16 heads (``bf16=True``) and the mixers each keeps in fp32."""
-FP32_MIXERS = {"answer_bf16_conv_fp32": ("conv",)}
+BF16_HEADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "answer_bf16": ("bf16", ()),
+    "answer_bf16_conv_fp32": ("bf16 with the conv layer in fp32", ("conv",)),
+}
+"""The bf16 heads (``bf16=True``): what each is, in words, and the mixers it keeps in fp32."""
 
 
 def build_model(spec: TrainSpec, device: str, seed: int = 0,
@@ -104,13 +106,13 @@ def training_cases(specs: Sequence[TrainSpec], device: str, seed: int, compiled:
                    bf16: bool = False) -> tuple[list[Case], dict[tuple[str, str], dict]]:
     """One warmed-up case per (spec, head) and its static facts (tokens, FLOPs, rows)."""
     cases, facts = [], {}
-    heads = HEADS + (("answer_compiled",) if compiled else ()) + (BF16_HEADS if bf16 else ())
+    heads = (*HEADS, *(("answer_compiled",) if compiled else ()), *(BF16_HEADS if bf16 else ()))
     for spec in specs:
         x, labels = generate_mqar(spec.batch, spec.seq, spec.pairs, spec.vocab, seed=seed)
         x, labels = x.to(device), labels.to(device)
         scored = int((labels != IGNORE_INDEX).sum())
         for head in heads:
-            model = build_model(spec, device, seed, FP32_MIXERS.get(head, ()))
+            model = build_model(spec, device, seed, BF16_HEADS.get(head, ("", ()))[1])
             if head == "answer_compiled":
                 model.compile_body()
             opt = make_adamw(model.parameters(), lr=1e-3, weight_decay=0.1)

@@ -223,7 +223,7 @@ def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
 
 def test_bf16_conv_fp32_head_keeps_the_conv_layer_in_fp32():
     from arbench.bench.config import CPU_TRAIN
-    from arbench.bench.training import FP32_MIXERS, build_model
+    from arbench.bench.training import BF16_HEADS, build_model
 
-    model = build_model(CPU_TRAIN, "cpu", fp32_mixers=FP32_MIXERS["answer_bf16_conv_fp32"])
+    model = build_model(CPU_TRAIN, "cpu", fp32_mixers=BF16_HEADS["answer_bf16_conv_fp32"][1])
     assert [b.fp32_mixer for b in model.blocks] == [True, False]
