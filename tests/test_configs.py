@@ -41,9 +41,16 @@ def test_size_configs_hold_the_model_size(path):
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
 def test_profiles_hold_data_trainer_and_optimiser_budget(path):
+    """A profile sets data, budget and optimiser; of the model, only the position embeddings a
+    task needs (for every method alike), covering every sequence of its data."""
     raw = load(path)
     assert set(raw) <= {"data", "trainer", "model"}
-    assert set(raw.get("model", {})) <= OPTIMISER
+    assert set(raw.get("model", {})) <= OPTIMISER | {"max_position_embeddings"}
+    positions = raw.get("model", {}).get("max_position_embeddings")
+    if positions:
+        data = raw["data"]
+        assert positions >= max(s["seq_len"] for s in data["train_segments"]
+                                + data["test_segments"])
 
 
 def model_section(capsys, files: list[str]) -> dict:
