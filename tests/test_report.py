@@ -116,6 +116,9 @@ def test_evaluation_ends_with_what_it_found(in_tmp, capsys, subcommand):
 @pytest.mark.parametrize("step,validated", [(13, True), (3, False)])
 def test_ctrl_c_ends_with_what_the_fit_reached(in_tmp, capsys, step, validated):
     handler = signal.getsignal(signal.SIGINT)
+    # Python's own Ctrl-C handler, also where this process inherited SIGINT ignored (a job
+    # started in the background by a non-interactive shell, e.g. `nohup bash .ci/run &`)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit) as exc:  # Lightning exits 1 after a KeyboardInterrupt
             main("fit", "--trainer.callbacks+=test_report.SigintAtStep",
