@@ -41,16 +41,20 @@ def test_size_configs_hold_the_model_size(path):
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
 def test_profiles_hold_data_trainer_and_optimiser_budget(path):
-    """A profile sets data, budget and optimiser; of the model, only the position embeddings a
-    task needs (for every method alike), covering every sequence of its data."""
+    """A profile sets data, budget and optimiser; of the model, only what a task needs of every
+    method alike: the position embeddings, covering every sequence of its data, and the depth
+    (``n_layers``, a whole number of the method's mixer cycles)."""
     raw = load(path)
     assert set(raw) <= {"data", "trainer", "model"}
-    assert set(raw.get("model", {})) <= OPTIMISER | {"max_position_embeddings"}
+    assert set(raw.get("model", {})) <= OPTIMISER | {"max_position_embeddings", "n_layers"}
     positions = raw.get("model", {}).get("max_position_embeddings")
     if positions:
         data = raw["data"]
         assert positions >= max(s["seq_len"] for s in data["train_segments"]
                                 + data["test_segments"])
+    depth = raw.get("model", {}).get("n_layers")
+    if depth is not None:
+        assert depth % 2 == 0, "every method config cycles two mixers (conv, then attention)"
 
 
 def model_section(capsys, files: list[str]) -> dict:
