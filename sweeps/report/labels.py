@@ -12,6 +12,14 @@ from typing import Any
 from arbench.defaults import TRAINING_DEFAULTS, ZOOLOGY_RECIPE
 from arbench.registry import FEATURE_MIXERS
 
+DEFAULT_N_LAYERS = 2
+"""``model.n_layers``'s default (a conv block, then an attention block); other depths are named
+in the row label."""
+
+TASK_MODEL_KEYS = ("max_position_embeddings", "n_layers")
+"""The model settings a task's profile may set for every method alike (tests/test_configs.py
+holds the profiles to them)."""
+
 
 def label(hp: dict[str, Any]) -> str:
     """Row name: method and its sizes, plus the denominator when there is one."""
@@ -75,6 +83,8 @@ def variant(hp: dict[str, Any]) -> str:
         parts.append("zoology block")
     if hp.get("max_position_embeddings"):
         parts.append("pos-emb")
+    if hp.get("n_layers") not in (None, DEFAULT_N_LAYERS):
+        parts.append(f"{hp['n_layers']} layers")
     if hp.get("init_std") not in (None, "default"):
         parts.append(f"init N(0, {hp['init_std']}²)")
     if hp.get("init") not in (None, "variance"):
@@ -83,6 +93,12 @@ def variant(hp: dict[str, Any]) -> str:
     if fm_wd is not None and wd is not None and fm_wd != wd:
         parts.append(f"feature-map wd={fm_wd:g}")
     return "".join(f" {p}" for p in parts)
+
+
+def task_model(hp: dict[str, Any]) -> str:
+    """What of :data:`TASK_MODEL_KEYS` a run's model set, as :func:`variant` names it, e.g.
+    ``"pos-emb 4 layers"`` (empty: the defaults)."""
+    return variant({k: hp.get(k) for k in TASK_MODEL_KEYS}).strip()
 
 
 def variant_name(hp: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ import optuna
 from arbench.tables import markdown_table, write_csv
 from sweeps.names import trial_name
 from sweeps.report import study_trials
-from sweeps.report.labels import label
+from sweeps.report.labels import DEFAULT_N_LAYERS, TASK_MODEL_KEYS, label, task_model
 from sweeps.report.plots import write_heatmap
 from sweeps.report.rows import rows
 from sweeps.report.table import claim_rows
@@ -187,6 +187,21 @@ class Suite:
     methods: list[Method]
     progress: dict[str, dict[str, int] | None]
     claims: dict[str, list[dict[str, Any]]]
+    models: dict[str, str] = field(default_factory=dict)
+    """Per task, what its profile set of the model (e.g. ``"pos-emb 4 layers"``; empty: the
+    defaults), from its runs' hparams."""
+
+
+def method_hparams(hp: dict[str, Any]) -> dict[str, Any]:
+    """A method's hparams as the suite names it on every task: less what a task's profile sets
+    of the model (:data:`~sweeps.report.labels.TASK_MODEL_KEYS`, shown per task instead), its
+    ``state_size`` at the default depth (each conv-and-attention cycle holds the same state, so
+    a model of ``n_layers`` holds ``n_layers / 2`` times that)."""
+    out = {k: v for k, v in hp.items() if k not in TASK_MODEL_KEYS}
+    depth = hp.get("n_layers") or DEFAULT_N_LAYERS
+    if out.get("state_size") and depth != DEFAULT_N_LAYERS:
+        out["state_size"] = out["state_size"] * DEFAULT_N_LAYERS // depth
+    return out
 
 
 def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Suite:
@@ -199,6 +214,7 @@ def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Sui
                for key, values in grid_methods(specs[0]).items()}
     done: dict[str, dict[str, int] | None] = {}
     claims: dict[str, list[dict[str, Any]]] = {}
+    models: dict[str, set[str]] = {}
     for task, spec in zip(tasks, specs):
         got = trials.get(spec.study)
         done[task] = None if got is None else progress(spec, got)
@@ -209,13 +225,17 @@ def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Sui
         for row in table:
             key = tuple(sorted(row["point"].items()))
             method = methods.setdefault(key, Method(key, ""))
+            if row["hparams"]:
+                models.setdefault(task, set()).add(task_model(row["hparams"]))
             if not method.hparams and row["hparams"]:
-                method.hparams, method.label = dict(row["hparams"]), label(row["hparams"])
+                method.hparams = method_hparams(row["hparams"])
+                method.label = label(method.hparams)
             if key in cells:
                 method.cells[task] = cells[key]
     for method in methods.values():  # a row with runs but no hparams recorded
         method.label = method.label or trial_name(dict(method.key))
-    return Suite(tasks, specs, list(methods.values()), done, claims)
+    return Suite(tasks, specs, list(methods.values()), done, claims,
+                 {t: ", ".join(sorted(m for m in models[t] if m)) for t in models})
 
 
 def pct(value: float) -> str:
@@ -230,9 +250,12 @@ def cell_text(cell: Cell | None, mean: float | None = None) -> str:
     return f"{pct(shown)} ± {pct(cell.std)} ({cell.n}){'*' if cell.partial else ''}"
 
 
-def progress_line(task: str, spec: SweepSpec, done: dict[str, int] | None) -> str:
-    """One task's line: its study, profile and how many of its runs are done."""
-    head = f"- {task}: study `{spec.study}`, {spec.profile} profile, "
+def progress_line(task: str, spec: SweepSpec, done: dict[str, int] | None,
+                  model: str = "") -> str:
+    """One task's line: its study, profile (and what it sets of the model) and how many of
+    its runs are done."""
+    setting = f" (model: {model})" if model else ""
+    head = f"- {task}: study `{spec.study}`, {spec.profile} profile{setting}, "
     if done is None:
         return head + f"not started (0 of {len(spec.points())} runs)"
     extra = [f"{done[k]} {k}" for k in ("failed", "running", "waiting") if done[k]]
@@ -262,11 +285,14 @@ def suite_markdown(suite: Suite) -> list[str]:
           "that task (picked by each study's objective, as its own table.md). *aggregate*: "
           "MAD's, the mean of the method's cells over the tasks, ± the std over the seeds "
           "every task has of each seed's mean over tasks (n those seeds); missing when a task "
-          "has no cell. – : no finished run. * : partial, runs of this point (an lr or a seed) "
+          "has no cell. *state size*: floats of recurrent state of a conv and an attention "
+          "layer, the default depth; a task whose profile deepens the model (its line below) "
+          "holds that per such pair. – : no finished run. * : partial, runs of this point (an lr or a seed) "
           "not finished yet, so its best lr may still change. Per-task tables, runs.csv and "
           "plots: `python -m sweeps report SPEC`.", "",
           f"Tasks done: {n_done} of {len(tasks)}.", "",
-          *[progress_line(t, s, suite.progress[t]) for t, s in zip(tasks, suite.specs)], ""]
+          *[progress_line(t, s, suite.progress[t], suite.models.get(t, ""))
+            for t, s in zip(tasks, suite.specs)], ""]
     header = ["method", "state size", *tasks, AGGREGATE]
     body = []
     for m in suite.methods:

@@ -31,6 +31,17 @@ def test_labels_name_precision_and_recipe():
         "LLoPS p=4 m=256 t=1 betas 0.9,0.999 unshuffled"
 
 
+def test_labels_name_a_depth_other_than_the_default():
+    import inspect
+
+    from arbench.lit import LitRecall
+    from sweeps.report.labels import DEFAULT_N_LAYERS
+    assert DEFAULT_N_LAYERS == inspect.signature(LitRecall).parameters["n_layers"].default
+    assert label({**BASE, "n_layers": DEFAULT_N_LAYERS}) == label(BASE)
+    assert label({**BASE, "n_layers": 4, "max_position_embeddings": 256}) == \
+        "LLoPS p=4 m=256 t=1 pos-emb 4 layers"
+
+
 def test_claims_select_rows_by_precision():
     table = [{"hparams": BASE, "seed_values": {0: 0.90, 1: 0.95}},  # an fp32 run of old
              {"hparams": {**BASE, "precision": "bf16-mixed"}, "seed_values": {0: 0.91, 1: 0.9}}]

@@ -39,8 +39,10 @@ def write_spec(tmp: Path, study: str, p: list[int] = (2, 4)) -> Path:
     return path
 
 
-def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, dict]]) -> None:
-    """Record ``{(p, seed, lr): (objective, slices)}`` as finished trials of the spec's study."""
+def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, dict]],
+           model: dict | None = None) -> None:
+    """Record ``{(p, seed, lr): (objective, slices)}`` as finished trials of the spec's study;
+    ``model``: hparams the task's profile set (its state size scales with ``n_layers``)."""
     spec = load_spec(spec_path)
     study = optuna.create_study(study_name=spec.study, storage=url, direction="maximize")
     for point in spec.points():
@@ -53,8 +55,9 @@ def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, dict]]) -> 
         study.add_trial(create_trial(
             state=TrialState.COMPLETE, value=value, params=point,
             distributions=point_distributions(point, spec, {}),
-            user_attrs={"slices": slices, "hparams": {"feature_map": "LLoPS", "p": p, "m": 64,
-                                                      "rank": 1, "state_size": 64 * 32}},
+            user_attrs={"slices": slices, "hparams": {
+                "feature_map": "LLoPS", "p": p, "m": 64, "rank": 1, **(model or {}),
+                "state_size": 64 * 32 * (model or {}).get("n_layers", 2) // 2}},
             system_attrs={"fixed_params": point}))
 
 
@@ -141,6 +144,20 @@ def test_missing_cells_show_as_missing_and_a_partial_run_says_how_far_it_is(two_
     # the claim, per task: checked seed by seed where both rows are; why not where not
     assert "| p=4 > p=2 | 0 of 2, -10.0 ± 0.0 | not checked (0 rows match better {'p': 4}) | – |" \
         in table
+
+
+def test_a_task_profiles_model_settings_show_on_its_line_not_in_the_method(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    specs = [write_spec(tmp_path, "t_deep"), write_spec(tmp_path, "t_plain")]
+    record(url, specs[0], ALPHA, {"n_layers": 4, "max_position_embeddings": 256})
+    record(url, specs[1], BETA)
+    assert suite(url, specs, tmp_path / "out") == 0
+    rows = csv_rows(tmp_path / "out")
+    assert set(rows) == {"LLoPS p=2 m=64 t=1", "LLoPS p=4 m=64 t=1"}
+    assert {r["state_size"] for r in rows.values()} == {str(64 * 32)}
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "- deep: study `t_deep`, smoke profile (model: pos-emb 4 layers), " in md
+    assert "- plain: study `t_plain`, smoke profile, " in md
 
 
 def test_the_heatmap_is_written(two_tasks, tmp_path, capsys):
