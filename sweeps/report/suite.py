@@ -287,9 +287,9 @@ def suite_markdown(suite: Suite) -> list[str]:
           "every task has of each seed's mean over tasks (n those seeds); missing when a task "
           "has no cell. *state size*: floats of recurrent state of a conv and an attention "
           "layer, the default depth; a task whose profile deepens the model (its line below) "
-          "holds that per such pair. – : no finished run. * : partial, runs of this point (an lr or a seed) "
-          "not finished yet, so its best lr may still change. Per-task tables, runs.csv and "
-          "plots: `python -m sweeps report SPEC`.", "",
+          "holds that per such pair. – : no finished run. * : partial, runs of this point "
+          "(an lr or a seed) not finished yet, so its best lr may still change. Per-task "
+          "tables, runs.csv and plots: `python -m sweeps report SPEC`.", "",
           f"Tasks done: {n_done} of {len(tasks)}.", "",
           *[progress_line(t, s, suite.progress[t], suite.models.get(t, ""))
             for t, s in zip(tasks, suite.specs)], ""]
