@@ -13,6 +13,11 @@ A run the source study's pruner stopped stands for its point too, in a study tha
 as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so the new runs of
 its bracket are weighed against the same rung values as in the source study, and a bracket
 reused whole is decided as it was there. A study without a pruner trains those points.
+
+Points are looked up when they are queued and again when a worker reaches them
+(:func:`fill_from`): a queued point whose experiment a ``reuse:`` study has finished since (two
+studies that reuse each other, each running some of the shared points) is recorded from that run
+then, not trained twice. A point already begun (it has a ``last.ckpt``) carries on.
 """
 
 from __future__ import annotations
@@ -87,6 +92,11 @@ def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
     return experiment(["--config", str(saved)]) if saved.is_file() else None
 
 
+_SAVED: dict[tuple[int, str], str | None] = {}
+""":func:`saved_experiment` of finished trials by (trial id, storage URL): a finished trial's
+configuration never changes, and a worker looks the reuse studies up before every point."""
+
+
 def finished_experiments(study_names: list[str], storage: Any,
                          pruned: bool = False) -> dict[str, Any]:
     """``{experiment: (study, trial)}`` of the completed runs of ``study_names`` and, with ``pruned``,
@@ -106,10 +116,13 @@ def finished_experiments(study_names: list[str], storage: Any,
             if t.user_attrs.get("reused_from") or (t.state == TrialState.PRUNED
                                                    and not t.intermediate_values):
                 continue
-            try:
-                key = saved_experiment(t)
-            except (SystemExit, Exception):  # an old run's keys this code no longer takes
-                continue
+            cache_key = (t._trial_id, str(getattr(storage, "url", storage)))
+            if cache_key not in _SAVED:
+                try:
+                    _SAVED[cache_key] = saved_experiment(t)
+                except (SystemExit, Exception):  # an old run's keys this code no longer takes
+                    _SAVED[cache_key] = None
+            key = _SAVED[cache_key]
             if key is not None:
                 out.setdefault(key, (name, t))
     return out
@@ -144,3 +157,22 @@ def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
         if key in done:
             out[i] = done[key]
     return out
+
+
+def fill_from(trial: optuna.Trial, source: tuple[str, Any], storage: Any) -> None:
+    """Record on ``trial`` (claimed, RUNNING) the result of ``source`` ``(study, trial)``, as
+    :func:`reuse_trial` records it on a new trial: its user attrs with ``reused_from``, its
+    curve, its rung values, then its state (COMPLETE with its value, or PRUNED)."""
+    name, done = source
+    trial_id = trial._trial_id
+    for key, value in {**done.user_attrs, "reused_from": f"{name}#{done.number}"}.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    for key, value in done.system_attrs.items():
+        if key.startswith("completed_rung_"):
+            storage.set_trial_system_attr(trial_id, key, value)
+    for step, value in done.intermediate_values.items():
+        storage.set_trial_intermediate_value(trial_id, step, value)
+    if done.state == TrialState.COMPLETE:
+        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [done.value])
+    else:
+        storage.set_trial_state_values(trial_id, TrialState.PRUNED)

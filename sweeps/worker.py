@@ -28,6 +28,7 @@ from sweeps.names import trial_name
 from sweeps.params import point_params, point_problem
 from sweeps.refs import resolve_refs
 from sweeps.retry import checkpoint_progress, replay_curve
+from sweeps.reuse import fill_from, same_experiments
 from sweeps.spec import SweepSpec
 from sweeps.study import load_study
 from sweeps.trials import STARTED
@@ -123,6 +124,13 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     save_dir = runs_root / spec.study
     last = last_checkpoint(save_dir / name / "checkpoints")  # as main.py's --ckpt_path last
     ckpt = str(last) if last is not None else None
+    if ckpt is None:  # finished by a reuse: study since it was queued (sweeps.reuse)
+        found = same_experiments(spec, [params], storage).get(0)
+        if found is not None:
+            fill_from(trial, found, storage)
+            log(f"trial {trial.number} {name}: reused {found[0]}#{found[1].number} "
+                f"({found[1].state.name.lower()}), not trained")
+            return
     trial.set_user_attr("run_name", name)
     log(f"trial {trial.number} {name}: start" + (f" (resuming {last.name})" if last else ""))
     if ckpt:

@@ -87,3 +87,27 @@ def test_a_pruned_run_is_reused_as_pruned_with_its_rungs_only_where_the_study_pr
     assert out.returncode == 0 and "reused" not in out.stdout, out.stdout
     (t,) = optuna.load_study(study_name="plain", storage=url).trials
     assert t.state == TrialState.COMPLETE and not t.user_attrs.get("reused_from")
+
+
+def test_a_queued_point_another_study_has_finished_since_is_reused_when_reached(tmp_path):
+    """Two studies that reuse each other: the one queued first finds the shared point finished
+    by the other when its worker reaches it, and records that run instead of training it."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    grid = {"model.feature_map.init_args.p": [2]}
+    late = write_spec(tmp_path, "late", {**grid, "seed_everything": [0, 1]}, reuse=["early"])
+    early = write_spec(tmp_path, "early", {**grid, "seed_everything": [1]}, reuse=["late"])
+    out = sweep("run", str(late), "--storage", url, "--trials", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr  # seed 0 trained, seed 1 queued
+    assert sweep("run", str(early), "--storage", url, cwd=tmp_path).returncode == 0
+    out = sweep("run", str(late), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "reused early#0 (complete), not trained" in out.stdout
+    (done,) = optuna.load_study(study_name="early", storage=url).trials
+    trials = {t.params["seed_everything"]: t
+              for t in optuna.load_study(study_name="late", storage=url).trials}
+    assert trials[1].state == TrialState.COMPLETE and trials[1].value == done.value
+    assert trials[1].user_attrs["reused_from"] == "early#0"
+    assert trials[1].intermediate_values == done.intermediate_values
+    assert not trials[0].user_attrs.get("reused_from")
+    assert sorted(p.name for p in (tmp_path / "runs" / "late").iterdir()
+                  if p.is_dir()) == [trials[0].user_attrs["run_name"]]

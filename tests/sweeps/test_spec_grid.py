@@ -57,6 +57,25 @@ def test_long_profile_specs_load(name):
     assert load_spec(ROOT / "sweeps" / f"{name}.yaml", "smoke").points()
 
 
+def test_long_parity_and_the_long_studies_share_their_fp32_runs():
+    """bf16_parity_long's fp32 LLoPS p=4 and BASED points are long_p_ablation's and
+    long_based_vs_llops' experiments (each reuses the other's finished runs), its bf16 arms are
+    not."""
+    from sweeps.command import trial_args
+    from sweeps.reuse import experiment
+
+    def experiments(name):
+        spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
+        assert "bf16_parity_long" in spec.reuse or name == "bf16_parity_long"
+        return {experiment(trial_args(spec, p, "runs", "x")): p for p in spec.points()}
+
+    parity = experiments("bf16_parity_long")
+    long_runs = {**experiments("long_p_ablation"), **experiments("long_based_vs_llops")}
+    shared = [p for e, p in parity.items() if e in long_runs]
+    assert len(shared) == 18  # p=4 and BASED x 3 lrs x 3 seeds
+    assert all(p["trainer.precision"] == "32-true" for p in shared)
+
+
 def test_config_paths_resolve_from_any_folder_zipped_and_in_args(tmp_path, monkeypatch):
     """A zipped ``config`` (``"config,m"``) and a ``--config`` file among ``args`` resolve like
     ``config:`` values: relative to the repo when the working folder has no such file."""
