@@ -92,6 +92,9 @@ def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
     return experiment(["--config", str(saved)]) if saved.is_file() else None
 
 
+_NOTED: set[str] = set()
+"""Reuse studies already noted as not run, by name."""
+
 _SAVED: dict[tuple[int, str], str | None] = {}
 """:func:`saved_experiment` of finished trials by (trial id, storage URL): a finished trial's
 configuration never changes, and a worker looks the reuse studies up before every point."""
@@ -107,8 +110,11 @@ def finished_experiments(study_names: list[str], storage: Any,
     out: dict[str, Any] = {}
     for name in study_names:
         if name not in known:
-            print(f"note: reuse: study {name} has not run in this storage; every point of "
-                  f"this study is trained", file=sys.stderr, flush=True)
+            if name not in _NOTED:  # once per process: a worker looks again before each point
+                _NOTED.add(name)
+                print(f"note: reuse: study {name} has not run in this storage; points it "
+                      f"has not finished when a worker reaches them are trained",
+                      file=sys.stderr, flush=True)
             continue
         study = optuna.load_study(study_name=name, storage=storage)
         states = RESULTS if pruned else (TrialState.COMPLETE,)
