@@ -26,8 +26,8 @@ def label(hp: dict[str, Any]) -> str:
     fm = hp.get("feature_map", "?")
     if fm == "Based":
         text = f"BASED r={hp.get('r')}"
-    elif fm == "softmax":
-        return "softmax"
+    elif fm == "softmax":  # no map, no sizes; what it was trained with still shows
+        return "softmax" + variant(hp) + training_label(hp)
     else:  # a map's sizes, those it has (elu+1 has no degree: its m is the head dim)
         sizes = [f"{k}={hp[k]}" for k in ("p", "m") if hp.get(k) is not None]
         text = " ".join([fm, *sizes])

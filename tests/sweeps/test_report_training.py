@@ -40,6 +40,10 @@ def test_labels_name_a_depth_other_than_the_default():
     assert label({**BASE, "n_layers": DEFAULT_N_LAYERS}) == label(BASE)
     assert label({**BASE, "n_layers": 4, "max_position_embeddings": 256}) == \
         "LLoPS p=4 m=256 t=1 pos-emb 4 layers"
+    softmax = {"feature_map": "softmax", "n_layers": 4, "max_position_embeddings": 256}
+    assert label(softmax) == "softmax pos-emb 4 layers"
+    assert label({**softmax, "n_layers": 2, "max_position_embeddings": 0,
+                  "precision": "bf16-mixed"}) == "softmax bf16-mixed"
 
 
 def test_claims_select_rows_by_precision():
