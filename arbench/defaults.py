@@ -20,6 +20,10 @@ DEFAULT_SHUFFLE = True
 DEFAULT_PRECISION = "32-true"
 """The trainer's precision when none is given."""
 
+DEFAULT_N_LAYERS = 2
+"""``model.n_layers``'s default: a conv block, then an attention block (the sweep reports name
+other depths in a row's label)."""
+
 
 def betas_text(betas: Iterable[float]) -> str:
     """AdamW's betas as a run's hparams record them, e.g. ``"0.9,0.98"``."""

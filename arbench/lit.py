@@ -16,7 +16,12 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from arbench.checks import CliError
-from arbench.defaults import DEFAULT_PRECISION, DEFAULT_SHUFFLE, recipe_hparams
+from arbench.defaults import (
+    DEFAULT_N_LAYERS,
+    DEFAULT_PRECISION,
+    DEFAULT_SHUFFLE,
+    recipe_hparams,
+)
 from arbench.featuremaps import FeatureMap
 from arbench.metrics import example_accuracy
 from arbench.model import RecallModel
@@ -74,7 +79,8 @@ class LitRecall(L.LightningModule):
     restores a checkpoint of this run (resume, test); the optimiser starts fresh.
     """
 
-    def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
+    def __init__(self, vocab_size: int = 8192, d_model: int = 128,
+                 n_layers: int = DEFAULT_N_LAYERS,
                  mixers: list[str] | None = None, num_heads: int = 1,
                  feature_map: Callable[[int], FeatureMap] | None = None,
                  normalize: bool | str = False, output_norm: bool | None = None,

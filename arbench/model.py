@@ -24,6 +24,7 @@ from torch import nn
 
 from arbench.checks import check_int
 from arbench.data.mqar import IGNORE_INDEX
+from arbench.defaults import DEFAULT_N_LAYERS
 from arbench.mixers import DecayGate, FeatureMapFactory, LinearAttention, mlp
 from arbench.registry import FEATURE_MIXERS, MIXERS
 
@@ -123,7 +124,8 @@ class RecallModel(nn.Module):
     ``fp32_mixers``: names of ``mixers`` whose layers run in fp32 under autocast (e.g.
     ``["conv"]`` with ``--trainer.precision bf16-mixed``); no effect without autocast."""
 
-    def __init__(self, vocab_size: int = 8192, d_model: int = 128, n_layers: int = 2,
+    def __init__(self, vocab_size: int = 8192, d_model: int = 128,
+                 n_layers: int = DEFAULT_N_LAYERS,
                  mixers: list[str] | tuple[str, ...] = ("conv", "linear"), num_heads: int = 1,
                  feature_map: FeatureMapFactory | None = None, normalize: bool | str = False,
                  output_norm: bool | None = None, chunk_size: int = 64,

@@ -10,6 +10,7 @@ import yaml
 from paths import ROOT, config
 
 from arbench.cli import run
+from sweeps.report.labels import TASK_MODEL_KEYS
 
 CONFIGS = ROOT / "configs"
 METHODS = sorted(CONFIGS.glob("*.yaml"))
@@ -46,7 +47,7 @@ def test_profiles_hold_data_trainer_and_optimiser_budget(path):
     (``n_layers``, a whole number of the method's mixer cycles)."""
     raw = load(path)
     assert set(raw) <= {"data", "trainer", "model"}
-    assert set(raw.get("model", {})) <= OPTIMISER | {"max_position_embeddings", "n_layers"}
+    assert set(raw.get("model", {})) <= OPTIMISER | set(TASK_MODEL_KEYS)
     positions = raw.get("model", {}).get("max_position_embeddings")
     if positions:
         data = raw["data"]

@@ -9,12 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from arbench.defaults import TRAINING_DEFAULTS, ZOOLOGY_RECIPE
+from arbench.defaults import DEFAULT_N_LAYERS, TRAINING_DEFAULTS, ZOOLOGY_RECIPE
 from arbench.registry import FEATURE_MIXERS
-
-DEFAULT_N_LAYERS = 2
-"""``model.n_layers``'s default (a conv block, then an attention block); other depths are named
-in the row label."""
 
 TASK_MODEL_KEYS = ("max_position_embeddings", "n_layers")
 """The model settings a task's profile may set for every method alike (tests/test_configs.py

@@ -26,10 +26,11 @@ from typing import Any
 
 import optuna
 
+from arbench.defaults import DEFAULT_N_LAYERS
 from arbench.tables import markdown_table, write_csv
 from sweeps.names import trial_name
 from sweeps.report import study_trials
-from sweeps.report.labels import DEFAULT_N_LAYERS, TASK_MODEL_KEYS, label, task_model
+from sweeps.report.labels import TASK_MODEL_KEYS, label, task_model
 from sweeps.report.plots import write_heatmap
 from sweeps.report.rows import rows
 from sweeps.report.table import claim_rows

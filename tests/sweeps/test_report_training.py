@@ -34,8 +34,8 @@ def test_labels_name_precision_and_recipe():
 def test_labels_name_a_depth_other_than_the_default():
     import inspect
 
+    from arbench.defaults import DEFAULT_N_LAYERS
     from arbench.lit import LitRecall
-    from sweeps.report.labels import DEFAULT_N_LAYERS
     assert DEFAULT_N_LAYERS == inspect.signature(LitRecall).parameters["n_layers"].default
     assert label({**BASE, "n_layers": DEFAULT_N_LAYERS}) == label(BASE)
     assert label({**BASE, "n_layers": 4, "max_position_embeddings": 256}) == \
