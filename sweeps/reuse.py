@@ -134,18 +134,25 @@ def finished_experiments(study_names: list[str], storage: Any,
     return out
 
 
+def carried_attrs(source: tuple[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a reused run carries over from ``source`` ``(study, trial)``: its user attrs with
+    ``reused_from``, and its rung values (the ``completed_rung_*`` system attrs)."""
+    name, done = source
+    rungs = {k: v for k, v in done.system_attrs.items() if k.startswith("completed_rung_")}
+    return {**done.user_attrs, "reused_from": f"{name}#{done.number}"}, rungs
+
+
 def reuse_trial(point: dict[str, Any], source: tuple[str, Any],
                 distributions: dict[str, Any]) -> optuna.trial.FrozenTrial:
     """A trial for ``point`` holding the result of ``source`` ``(study, trial)``: its state
     (COMPLETE or PRUNED), value, curve and rung values."""
-    name, done = source
-    rungs = {k: v for k, v in done.system_attrs.items() if k.startswith("completed_rung_")}
+    done = source[1]
+    user_attrs, rungs = carried_attrs(source)
     return optuna.trial.create_trial(
         state=done.state, value=done.value if done.state == TrialState.COMPLETE else None,
         params=point, distributions=distributions,
         intermediate_values=dict(done.intermediate_values),
-        user_attrs={**done.user_attrs, "reused_from": f"{name}#{done.number}"},
-        system_attrs={**rungs, "fixed_params": point})
+        user_attrs=user_attrs, system_attrs={**rungs, "fixed_params": point})
 
 
 def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
@@ -169,13 +176,13 @@ def fill_from(trial: optuna.Trial, source: tuple[str, Any], storage: Any) -> Non
     """Record on ``trial`` (claimed, RUNNING) the result of ``source`` ``(study, trial)``, as
     :func:`reuse_trial` records it on a new trial: its user attrs with ``reused_from``, its
     curve, its rung values, then its state (COMPLETE with its value, or PRUNED)."""
-    name, done = source
+    done = source[1]
     trial_id = trial._trial_id
-    for key, value in {**done.user_attrs, "reused_from": f"{name}#{done.number}"}.items():
+    user_attrs, rungs = carried_attrs(source)
+    for key, value in user_attrs.items():
         storage.set_trial_user_attr(trial_id, key, value)
-    for key, value in done.system_attrs.items():
-        if key.startswith("completed_rung_"):
-            storage.set_trial_system_attr(trial_id, key, value)
+    for key, value in rungs.items():
+        storage.set_trial_system_attr(trial_id, key, value)
     for step, value in done.intermediate_values.items():
         storage.set_trial_intermediate_value(trial_id, step, value)
     if done.state == TrialState.COMPLETE:
