@@ -25,7 +25,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from arbench.ckpt_check import read_checkpoint
 from arbench.curves import COLLAPSE_HIGH, COLLAPSE_LOW, CONVERGED_RISE, STOP_THRESHOLD
-from arbench.summary import EXAMPLE_ACC, RunSummary
+from arbench.objective import EXAMPLE_ACC
+from arbench.summary import RunSummary
 
 STAGES = {TrainerFn.FITTING: "fit", TrainerFn.VALIDATING: "validate", TrainerFn.TESTING: "test"}
 """The trainer functions that end with a report, by subcommand name."""

@@ -29,25 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from arbench.curves import collapse_step, is_converged
 from arbench.files import atomic_write
 from arbench.machine import device_name
-
-EXAMPLE_ACC = "val/example_acc"
-"""zoology's metric (:mod:`arbench.metrics`), logged beside ``val/acc``."""
-
-
-def summary_value(summary: dict, metric: str) -> float | None:
-    """The value of ``metric`` that a ``summary.json`` payload holds: ``val/acc`` (the best),
-    ``val/example_acc`` (its best), or a slice's, ``val/acc_<slice>`` /
-    ``val/example_acc_<slice>`` (at the validation that was best on the overall metric);
-    None when the run did not log it."""
-    if metric == "val/acc":
-        return summary.get("val_acc")
-    if metric == EXAMPLE_ACC:
-        return summary.get("example_acc")
-    if metric.startswith(EXAMPLE_ACC + "_"):
-        return (summary.get("example_slices") or {}).get(metric[len(EXAMPLE_ACC) + 1:])
-    if metric.startswith("val/acc_"):
-        return (summary.get("slices") or {}).get(metric[len("val/acc_"):])
-    return None
+from arbench.objective import EXAMPLE_ACC
 
 
 def chance_loss(pl_module: L.LightningModule) -> float | None:

@@ -72,7 +72,7 @@ def reuse_points(study: optuna.Study, spec: SweepSpec, points: list[dict[str, An
         point = points[i]
         study.add_trial(reuse_trial(point, source, point_distributions(point, spec, recorded)))
     if found:
-        names = sorted({f"{s}#{t.number}" for s, t in found.values()})
+        names = sorted({f"{s.study}#{s.trial.number}" for s in found.values()})
         print(f"reused {len(found)} finished run(s): {', '.join(names)}", flush=True)
     return found
 

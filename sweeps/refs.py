@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.trials import FINISHED, SEED, best_lr, by_point_and_lr
+from sweeps.trials import FINISHED, SEED, best_lr, by_point_and_lr, study_metric, valued_by
 
 BEST = "best:"
 
@@ -30,6 +30,9 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
     except KeyError:
         raise RefError(f"best:{study_name}: no such study (run its sweep first)") from None
     trials = study.get_trials(deepcopy=False)
+    metric = study_metric(study.user_attrs, trials)
+    if metric is not None:
+        trials = valued_by(trials, metric)
     if any(t.state not in FINISHED for t in trials):
         raise RefError(f"best:{study_name}: that study is still running")
     points = by_point_and_lr(trials)

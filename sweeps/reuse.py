@@ -14,6 +14,11 @@ as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so 
 its bracket are weighed against the same rung values as in the source study, and a bracket
 reused whole is decided as it was there. A study without a pruner trains those points.
 
+A reused run is valued by the reusing study's objective, as the run recorded it (its summary:
+``val_acc``, ``example_acc``, per slice). Where the source study's objective is another metric
+(``calibration_long_6k`` judged by ``val/acc``, the long studies by zoology's), only a completed
+run is reused, without its curve and rung values, which are in that other metric.
+
 Points are looked up when they are queued and again when a worker reaches them
 (:func:`fill_from`): a queued point whose experiment a ``reuse:`` study has finished since (two
 studies that reuse each other, each running some of the shared points) is recorded from that run
@@ -26,16 +31,17 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 import torch
 from optuna.trial import TrialState
 
 from arbench.defaults import DEFAULT_PRECISION
+from arbench.objective import ACC, summary_value
 from sweeps.command import trial_args
 from sweeps.spec import SweepSpec
-from sweeps.trials import RESULTS
+from sweeps.trials import RESULTS, study_metric
 
 IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
            ("trainer", "enable_model_summary"), ("config",), ("ckpt_path",),
@@ -100,14 +106,25 @@ _SAVED: dict[tuple[int, str], str | None] = {}
 configuration never changes, and a worker looks the reuse studies up before every point."""
 
 
-def finished_experiments(study_names: list[str], storage: Any,
-                         pruned: bool = False) -> dict[str, Any]:
-    """``{experiment: (study, trial)}`` of the completed runs of ``study_names`` and, with ``pruned``,
-    the pruned ones that reached a validation (each from its saved configuration,
-    :func:`saved_experiment`; runs with none, or whose configuration no longer parses, are
-    skipped)."""
+class Source(NamedTuple):
+    """A finished run that stands for a point: its study's name, its trial, its value under the
+    reusing study's objective (None for a run the pruner stopped), and whether its curve and
+    rung values are in that objective too (its study's metric is the same), so carry over."""
+
+    study: str
+    trial: optuna.trial.FrozenTrial
+    value: float | None
+    curves: bool
+
+
+def finished_experiments(study_names: list[str], storage: Any, metric: str = ACC,
+                         pruned: bool = False) -> dict[str, Source]:
+    """``{experiment: Source}`` of the completed runs of ``study_names`` that recorded
+    ``metric`` and, with ``pruned``, the pruned ones that reached a validation in a study whose
+    objective is ``metric`` (each from its saved configuration, :func:`saved_experiment`; runs
+    with none, or whose configuration no longer parses, are skipped)."""
     known = set(optuna.get_all_study_names(storage))
-    out: dict[str, Any] = {}
+    out: dict[str, Source] = {}
     for name in study_names:
         if name not in known:
             if name not in _NOTED:  # once per process: a worker looks again before each point
@@ -117,11 +134,17 @@ def finished_experiments(study_names: list[str], storage: Any,
                       file=sys.stderr, flush=True)
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        states = RESULTS if pruned else (TrialState.COMPLETE,)
+        same = study_metric(study.user_attrs, study.get_trials(deepcopy=False)) == metric
+        states = RESULTS if pruned and same else (TrialState.COMPLETE,)
         for t in study.get_trials(deepcopy=False, states=states):
             if t.user_attrs.get("reused_from") or (t.state == TrialState.PRUNED
                                                    and not t.intermediate_values):
                 continue
+            value = None
+            if t.state == TrialState.COMPLETE:
+                value = t.value if same else summary_value(t.user_attrs, metric)
+                if value is None:
+                    continue
             cache_key = (t._trial_id, str(getattr(storage, "url", storage)))
             if cache_key not in _SAVED:
                 try:
@@ -130,38 +153,40 @@ def finished_experiments(study_names: list[str], storage: Any,
                     _SAVED[cache_key] = None
             key = _SAVED[cache_key]
             if key is not None:
-                out.setdefault(key, (name, t))
+                out.setdefault(key, Source(name, t, value, same))
     return out
 
 
-def carried_attrs(source: tuple[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a reused run carries over from ``source`` ``(study, trial)``: its user attrs with
-    ``reused_from``, and its rung values (the ``completed_rung_*`` system attrs)."""
-    name, done = source
-    rungs = {k: v for k, v in done.system_attrs.items() if k.startswith("completed_rung_")}
-    return {**done.user_attrs, "reused_from": f"{name}#{done.number}"}, rungs
+def carried_attrs(source: Source) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a reused run carries over from ``source``: its user attrs with ``reused_from``,
+    and its rung values (the ``completed_rung_*`` system attrs) where they are in the reusing
+    study's objective."""
+    done = source.trial
+    rungs = {k: v for k, v in done.system_attrs.items()
+             if k.startswith("completed_rung_")} if source.curves else {}
+    return {**done.user_attrs, "reused_from": f"{source.study}#{done.number}"}, rungs
 
 
-def reuse_trial(point: dict[str, Any], source: tuple[str, Any],
+def reuse_trial(point: dict[str, Any], source: Source,
                 distributions: dict[str, Any]) -> optuna.trial.FrozenTrial:
-    """A trial for ``point`` holding the result of ``source`` ``(study, trial)``: its state
-    (COMPLETE or PRUNED), value, curve and rung values."""
-    done = source[1]
+    """A trial for ``point`` holding the result of ``source``: its state (COMPLETE or
+    PRUNED), value, and curve and rung values where they are in this study's objective."""
+    done = source.trial
     user_attrs, rungs = carried_attrs(source)
     return optuna.trial.create_trial(
-        state=done.state, value=done.value if done.state == TrialState.COMPLETE else None,
+        state=done.state, value=source.value if done.state == TrialState.COMPLETE else None,
         params=point, distributions=distributions,
-        intermediate_values=dict(done.intermediate_values),
+        intermediate_values=dict(done.intermediate_values) if source.curves else {},
         user_attrs=user_attrs, system_attrs={**rungs, "fixed_params": point})
 
 
 def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
-                     storage: Any) -> dict[int, Any]:
-    """``{index in points: (study, trial)}`` for the points a finished run stands for (the
-    same experiment, :func:`experiment`)."""
+                     storage: Any) -> dict[int, Source]:
+    """``{index in points: Source}`` for the points a finished run stands for (the same
+    experiment, :func:`experiment`), valued by ``spec``'s objective."""
     if not spec.reuse:
         return {}
-    done = finished_experiments(spec.reuse, storage, pruned=spec.pruner != "none")
+    done = finished_experiments(spec.reuse, storage, spec.metric, pruned=spec.pruner != "none")
     out = {}
     for i, point in enumerate(points):
         if any(str(v).startswith("best:") for v in point.values()):
@@ -172,20 +197,22 @@ def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
     return out
 
 
-def fill_from(trial: optuna.Trial, source: tuple[str, Any], storage: Any) -> None:
-    """Record on ``trial`` (claimed, RUNNING) the result of ``source`` ``(study, trial)``, as
-    :func:`reuse_trial` records it on a new trial: its user attrs with ``reused_from``, its
-    curve, its rung values, then its state (COMPLETE with its value, or PRUNED)."""
-    done = source[1]
+def fill_from(trial: optuna.Trial, source: Source, storage: Any) -> None:
+    """Record on ``trial`` (claimed, RUNNING) the result of ``source``, as :func:`reuse_trial`
+    records it on a new trial: its user attrs with ``reused_from``, its curve and rung values
+    where they are in this study's objective, then its state (COMPLETE with its value, or
+    PRUNED)."""
+    done = source.trial
     trial_id = trial._trial_id
     user_attrs, rungs = carried_attrs(source)
     for key, value in user_attrs.items():
         storage.set_trial_user_attr(trial_id, key, value)
     for key, value in rungs.items():
         storage.set_trial_system_attr(trial_id, key, value)
-    for step, value in done.intermediate_values.items():
-        storage.set_trial_intermediate_value(trial_id, step, value)
+    if source.curves:
+        for step, value in done.intermediate_values.items():
+            storage.set_trial_intermediate_value(trial_id, step, value)
     if done.state == TrialState.COMPLETE:
-        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [done.value])
+        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [source.value])
     else:
         storage.set_trial_state_values(trial_id, TrialState.PRUNED)

@@ -33,6 +33,7 @@ def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
                                 load_if_exists=True)
     study.set_user_attr("spec", str(spec.path))
     study.set_user_attr("profile", spec.profile)
+    study.set_user_attr("metric", spec.metric)  # what a study reusing its runs needs to know
     return study
 
 

@@ -8,6 +8,7 @@ or writes a storage; every function takes trials already loaded.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -15,6 +16,8 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
+from arbench.objective import ACC, EXAMPLE_ACC, summary_value
 
 Trial = optuna.trial.FrozenTrial
 Trials = list[optuna.trial.FrozenTrial]
@@ -79,6 +82,38 @@ def state_counts(trials: Trials) -> dict[str, int]:
     """``{complete, running, waiting, fail, pruned: count}`` of ``trials``."""
     counts = Counter(t.state.name.lower() for t in trials)
     return {k: counts.get(k, 0) for k in STATE_NAMES}
+
+
+def study_metric(user_attrs: dict[str, Any], trials: Trials) -> str | None:
+    """The objective a study's runs were valued by, from its user attrs and trials: the
+    ``metric`` :func:`sweeps.study.make_study` records; for a study begun before it did, the one
+    of ``val/acc`` and zoology's metric whose recorded value equals the value of every
+    completed run the study trained (None when neither or both do)."""
+    named = user_attrs.get("metric")
+    if named:
+        return str(named)
+    trained = [t for t in trials
+               if t.state == TrialState.COMPLETE and not t.user_attrs.get("reused_from")]
+    fits = [metric for metric in (ACC, EXAMPLE_ACC) if trained and all(
+        summary_value(t.user_attrs, metric) == t.value for t in trained)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def valued_by(trials: Trials, metric: str) -> Trials:
+    """``trials`` with every completed run recorded from another study's run (``reused_from``)
+    valued by ``metric`` as that run recorded it. Before sweeps.reuse valued reused runs by the
+    reusing study's objective, such a run kept its source study's value, which may be another
+    metric (``bf16_parity_long``'s and ``long_p_ablation``'s runs from ``calibration_long_6k``:
+    ``val/acc`` where theirs is zoology's). Runs trained by the study are left as they are."""
+    out = []
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("reused_from"):
+            value = summary_value(t.user_attrs, metric)
+            if value is not None and value != t.value:
+                t = copy.copy(t)
+                t.value = value
+        out.append(t)
+    return out
 
 
 def run_value(t: Trial, maximize: bool = True) -> float:

@@ -22,7 +22,15 @@ from optuna.storages import RDBStorage
 
 from sweeps.queue import enqueue, queue_lock
 from sweeps.spec import SweepSpec
-from sweeps.trials import LR, UNFINISHED, best_lr, by_point_and_lr, grid_point, point_key
+from sweeps.trials import (
+    LR,
+    UNFINISHED,
+    best_lr,
+    by_point_and_lr,
+    grid_point,
+    point_key,
+    valued_by,
+)
 
 
 def next_lr(lrs: list[float], low: bool) -> float:
@@ -34,7 +42,7 @@ def next_lr(lrs: list[float], low: bool) -> float:
 def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list[dict[str, Any]]:
     """The trials (grid values with seed and lr) that widen every finished point whose best lr
     is at an edge of the lrs it tried."""
-    trials = study.get_trials(deepcopy=False)
+    trials = valued_by(study.get_trials(deepcopy=False), spec.metric)
     busy = {point_key(grid_point(t)) for t in trials if t.state in UNFINISHED}
     queued = []
     for point, by_lr in by_point_and_lr(trials).items():

@@ -111,7 +111,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     # here: keeps Lightning out of CLI start-up
     from arbench.ckpt_check import last_checkpoint
     from arbench.cli import build_cli, checkpoints_by_run_name
-    from arbench.summary import summary_value
+    from arbench.objective import summary_value
 
     params = point_params(trial, spec, storage)
     problem = point_problem(params, spec)
@@ -128,8 +128,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         found = same_experiments(spec, [params], storage).get(0)
         if found is not None:
             fill_from(trial, found, storage)
-            log(f"trial {trial.number} {name}: reused {found[0]}#{found[1].number} "
-                f"({found[1].state.name.lower()}), not trained")
+            log(f"trial {trial.number} {name}: reused {found.study}#{found.trial.number} "
+                f"({found.trial.state.name.lower()}), not trained")
             return
     trial.set_user_attr("run_name", name)
     log(f"trial {trial.number} {name}: start" + (f" (resuming {last.name})" if last else ""))

@@ -16,8 +16,8 @@ from arbench.data.datamodule import MQARDataModule
 from arbench.featuremaps import LLoPS
 from arbench.lit import LitRecall
 from arbench.metrics import example_accuracy
+from arbench.objective import summary_value
 from arbench.schedule import lr_factor
-from arbench.summary import summary_value
 
 
 def tiny_model(**kw):

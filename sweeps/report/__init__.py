@@ -19,15 +19,17 @@ from sweeps.report.rows import rows
 from sweeps.report.runs import write_runs
 from sweeps.report.table import write_table
 from sweeps.spec import SweepSpec
-from sweeps.trials import Trials
+from sweeps.trials import Trials, valued_by
 
 DEFAULT_PLOTS = [{"x": "state_size", "series": "feature_map", "xscale": "log"}]
 """The plot of a spec that names none."""
 
 
 def study_trials(spec: SweepSpec, storage: Any) -> Trials:
-    """Every trial of the spec's study in ``storage``, loaded once for the whole report."""
-    return optuna.load_study(study_name=spec.study, storage=storage).get_trials(deepcopy=False)
+    """Every trial of the spec's study in ``storage``, loaded once for the whole report, each
+    valued by the spec's objective (:func:`~sweeps.trials.valued_by`)."""
+    study = optuna.load_study(study_name=spec.study, storage=storage)
+    return valued_by(study.get_trials(deepcopy=False), spec.metric)
 
 
 def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:

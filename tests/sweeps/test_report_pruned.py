@@ -42,7 +42,7 @@ def test_pruned_run_counts_with_its_best_reached(tmp_path):
     (by_lr,) = by_point_and_lr(trials).values()
     assert len(by_lr[1e-3]) == 2
     assert best_lr(by_lr) == 3e-4
-    spec = SimpleNamespace(study="s", direction="maximize")
+    spec = SimpleNamespace(study="s", direction="maximize", metric="val/acc")
     (row,) = rows(spec, study_trials(spec, url))
     assert row["best_lr"] == 3e-4 and row["n"] == 2 and row["pruned"] == 0
     assert row["lr_means"][1e-3] == (0.95 + 0.2) / 2

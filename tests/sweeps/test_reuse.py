@@ -3,6 +3,7 @@
 import shutil
 
 import optuna
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 from paths import SMOKE, config
 from test_sweeps import sweep, write_spec
@@ -68,6 +69,7 @@ def test_a_pruned_run_is_reused_as_pruned_with_its_rungs_only_where_the_study_pr
     assert sweep("run", str(first), "--storage", url, cwd=tmp_path).returncode == 0
     done = optuna.load_study(study_name="first", storage=url).trials[0]
     stopped = optuna.create_study(study_name="stopped", storage=url, direction="maximize")
+    stopped.set_user_attr("metric", "val/acc")  # as sweeps.study.make_study records it
     stopped.add_trial(optuna.trial.create_trial(  # the same run, as a pruner had stopped it
         state=TrialState.PRUNED, params=done.params, distributions=done.distributions,
         intermediate_values={3: 0.25, 6: 0.5}, user_attrs=done.user_attrs,
@@ -111,3 +113,45 @@ def test_a_queued_point_another_study_has_finished_since_is_reused_when_reached(
     assert not trials[0].user_attrs.get("reused_from")
     assert sorted(p.name for p in (tmp_path / "runs" / "late").iterdir()
                   if p.is_dir()) == [trials[0].user_attrs["run_name"]]
+
+
+def test_a_reused_run_is_valued_by_the_reusing_studys_objective(tmp_path):
+    """A study judged by zoology's metric reuses a run of one judged by val/acc at the run's
+    recorded zoology value, without its val/acc curve and rung values; a pruned run of that
+    study, whose curve is all it has, is trained instead."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    first = write_spec(tmp_path, "first", {"model.feature_map.init_args.p": [2],
+                                           "seed_everything": [0]})
+    assert sweep("run", str(first), "--storage", url, cwd=tmp_path).returncode == 0
+    assert optuna.load_study(study_name="first", storage=url).user_attrs["metric"] == "val/acc"
+    done = optuna.load_study(study_name="first", storage=url).trials[0]
+    assert done.user_attrs["example_acc"] not in (None, done.value)  # the metrics differ
+    old = optuna.create_study(study_name="old", storage=url, direction="maximize")
+    old.add_trial(optuna.trial.create_trial(  # the run with a curve and a rung, in val/acc
+        state=TrialState.COMPLETE, value=done.value, params=done.params,
+        distributions=done.distributions, intermediate_values={3: done.value},
+        user_attrs=done.user_attrs, system_attrs={"completed_rung_0": done.value,
+                                                  "fixed_params": done.params}))
+    seed1 = {**done.user_attrs,
+             "config": done.user_attrs["config"].replace("seed_everything: 0",
+                                                         "seed_everything: 1")}
+    old.set_user_attr("metric", "val/acc")
+    old.add_trial(optuna.trial.create_trial(
+        state=TrialState.PRUNED, params={**done.params, "seed_everything": 1},
+        distributions={**done.distributions, "seed_everything": IntDistribution(1, 1)},
+        intermediate_values={3: 0.5}, user_attrs=seed1,
+        system_attrs={"fixed_params": {**done.params, "seed_everything": 1}}))
+    zoo = write_spec(tmp_path, "zoo", {"config": [config("p2.yaml")], "seed_everything": [0, 1]},
+                     configs=[], reuse=["old"], objective={"metric": "val/example_acc"},
+                     pruner={"type": "halving", "min_resource": 3})
+    out = sweep("run", str(zoo), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "reused 1 finished run(s): old#0" in out.stdout
+    trials = {t.params["seed_everything"]: t
+              for t in optuna.load_study(study_name="zoo", storage=url).trials}
+    reused = trials[0]
+    assert reused.user_attrs["reused_from"] == "old#0"
+    assert reused.value == done.user_attrs["example_acc"]
+    assert reused.intermediate_values == {}
+    assert not any(k.startswith("completed_rung_") for k in reused.system_attrs)
+    assert not trials[1].user_attrs.get("reused_from")  # trained: its curve is val/acc's
