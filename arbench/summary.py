@@ -12,7 +12,8 @@ state size, parameter count, hyperparameters and checkpoint paths. Written atomi
 crash never leaves it torn. The best and last validations and the wall time so far travel in the
 checkpoint, so a run resumed after a kill reports over all its validations, including those
 before the kill. So do the val/acc and training-loss curves behind the ``converged`` and
-``collapsed_at`` verdicts (:mod:`arbench.curves`).
+``collapsed_at`` verdicts (:mod:`arbench.curves`), and the ``val/example_acc`` curve
+(``example_curve``, for the sweep reports of studies judged by zoology's metric).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class RunSummary(Callback):
         self.start = time.time()
         self.earlier_s = 0.0  # wall time of the runs this one resumes, in seconds
         self.val_curve: list[tuple[int, float]] = []  # (step, val/acc)
+        self.example_curve: list[tuple[int, float]] = []  # (step, val/example_acc)
         self.loss_curve: list[tuple[int, float]] = []  # (step, training loss), every step
         self.pending = False  # a validation whose summary waits for the checkpoint callbacks
         self.log_dir: str | None = None
@@ -68,7 +70,8 @@ class RunSummary(Callback):
     def state_dict(self) -> dict:
         return {"best": dict(self.best), "last": dict(self.last),
                 "best_example": dict(self.best_example), "wall_time_s": self.wall_time_s(),
-                "val_curve": list(self.val_curve), "loss_curve": list(self.loss_curve)}
+                "val_curve": list(self.val_curve), "example_curve": list(self.example_curve),
+                "loss_curve": list(self.loss_curve)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.best = dict(state_dict.get("best", {}))
@@ -76,6 +79,7 @@ class RunSummary(Callback):
         self.best_example = dict(state_dict.get("best_example", {}))
         self.earlier_s = float(state_dict.get("wall_time_s", 0.0))
         self.val_curve = [tuple(p) for p in state_dict.get("val_curve", [])]
+        self.example_curve = [tuple(p) for p in state_dict.get("example_curve", [])]
         self.loss_curve = [tuple(p) for p in state_dict.get("loss_curve", [])]
 
     def converged(self) -> bool | None:
@@ -107,6 +111,8 @@ class RunSummary(Callback):
             return
         metrics["step"] = float(trainer.global_step)
         self.val_curve.append((int(trainer.global_step), metrics["val/acc"]))
+        if EXAMPLE_ACC in metrics:
+            self.example_curve.append((int(trainer.global_step), metrics[EXAMPLE_ACC]))
         self.last = metrics
         if not self.best or metrics["val/acc"] > self.best["val/acc"]:
             self.best = metrics
@@ -158,6 +164,7 @@ class RunSummary(Callback):
             "converged": self.converged(),
             "collapsed_at": self.collapsed_at(pl_module),
             "val_curve": [list(p) for p in self.val_curve],
+            "example_curve": [list(p) for p in self.example_curve],
             "wall_time_s": self.wall_time_s(),
             "hparams": hp,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,

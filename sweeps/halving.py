@@ -1,6 +1,8 @@
 """Successive halving over the lr sub-grid, replayed on a finished grid: ``halving.md``.
 
-Every completed run keeps its validation curve (``val_curve``, (step, val/acc) pairs). For each
+Every completed run keeps its validation curves (``val_curve``, (step, val/acc) pairs, and
+``example_curve`` for zoology's metric; the one of the study's objective is replayed,
+:func:`~sweeps.trials.objective_curve`). For each
 grid point and seed, the runs at the point's lrs form one bracket, fed in trial order (as one
 worker would have run them) to Optuna's ``SuccessiveHalvingPruner``: each validation is reported
 and the pruner asked, exactly as a live sweep with ``pruner: halving`` asks it, but only against
@@ -28,8 +30,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from arbench.objective import ACC
 from arbench.tables import markdown_row, markdown_table
-from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr
+from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr, objective_curve
 
 
 @dataclass
@@ -45,9 +48,11 @@ class PointReplay:
     pruned: dict[tuple[float, Any], int]
 
 
-def with_curves(trials: Trials) -> Trials:
-    """The completed ``trials`` that kept their validation curves (what a replay can use)."""
-    return [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_curve")]
+def with_curves(trials: Trials, metric: str = ACC) -> Trials:
+    """The completed ``trials`` that kept their whole curve of ``metric`` (what a replay can
+    use: :func:`~sweeps.trials.objective_curve`)."""
+    return [t for t in trials
+            if t.state == TrialState.COMPLETE and objective_curve(t, metric)]
 
 
 def longest_run(trials: Trials) -> int:
@@ -60,9 +65,10 @@ def halving_args(trials: Trials) -> dict[str, Any]:
     return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2)}
 
 
-def replay_bracket(runs: Trials, direction: str,
-                   args: dict[str, Any]) -> dict[int, tuple[float, int, bool]]:
-    """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner; returns
+def replay_bracket(runs: Trials, direction: str, args: dict[str, Any],
+                   metric: str = ACC) -> dict[int, tuple[float, int, bool]]:
+    """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner, each run's
+    curve of ``metric`` (the study's objective, its value's metric); returns
     ``{trial number: (value reached, steps spent, pruned)}``."""
     study = optuna.create_study(direction=direction,
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(**args))
@@ -70,7 +76,7 @@ def replay_bracket(runs: Trials, direction: str,
     for run in runs:
         live = study.ask()
         best, steps, pruned = None, int(run.user_attrs.get("global_step") or 0), False
-        for step, value in run.user_attrs.get("val_curve") or []:
+        for step, value in objective_curve(run, metric):
             best = value if best is None else (max(best, value) if direction == "maximize"
                                                else min(best, value))
             live.report(value, int(step))
@@ -87,11 +93,11 @@ def replay_bracket(runs: Trials, direction: str,
 
 
 def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | None = None,
-           order: dict[float, int] | None = None) -> list[PointReplay]:
+           order: dict[float, int] | None = None, metric: str = ACC) -> list[PointReplay]:
     """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
     ``args``: the pruner's (default :func:`halving_args`); ``order``: the rank of
     each lr within a bracket (default: the runs' trial order)."""
-    done = with_curves(trials)
+    done = with_curves(trials, metric)
     args = args or halving_args(done)
     maximize = direction == "maximize"
     out = []
@@ -106,7 +112,7 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
         for runs in brackets.values():
             key = (lambda t: t.number) if order is None else \
                 (lambda t: (order[t.params.get(LR)], t.number))
-            reached |= replay_bracket(sorted(runs, key=key), direction, args)
+            reached |= replay_bracket(sorted(runs, key=key), direction, args, metric)
         means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
                  for lr, runs in by_lr.items()}
         pick = max if maximize else min
@@ -137,12 +143,13 @@ MAX_ORDERS = 120
 
 
 def order_checks(trials: Trials, direction: str, args: dict[str, Any],
-                 fractions: tuple[float, ...] = (1 / 6, 1 / 3, 1 / 2)) -> list[OrderCheck]:
+                 fractions: tuple[float, ...] = (1 / 6, 1 / 3, 1 / 2),
+                 metric: str = ACC) -> list[OrderCheck]:
     """Halving replayed with its first rung at each of ``fractions`` of the longest run, under
     every order of the lrs within a bracket. In a live sweep the order is the order runs reach
     each rung, which retries and parallel workers change; a setting whose best lr depends on
     it is not one to trust."""
-    done = with_curves(trials)
+    done = with_curves(trials, metric)
     longest = longest_run(done)
     lrs = sorted({t.params.get(LR) for t in done})
     orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
@@ -151,7 +158,8 @@ def order_checks(trials: Trials, direction: str, args: dict[str, Any],
         step_args = {**args, "min_resource": max(1, int(longest * fraction))}
         kept, spent = [], []
         for perm in orders:
-            replays = replay(done, direction, step_args, {lr: i for i, lr in enumerate(perm)})
+            replays = replay(done, direction, step_args, {lr: i for i, lr in enumerate(perm)},
+                             metric)
             kept.append(sum(r.best_full == r.best_halving for r in replays))
             spent.append(sum(r.steps_halving for r in replays) /
                          max(1, sum(r.steps_full for r in replays)))
@@ -176,11 +184,12 @@ def order_text(checks: list[OrderCheck]) -> list[str]:
     return lines
 
 
-def halving_text(replays: list[PointReplay], args: dict[str, Any]) -> list[str]:
+def halving_text(replays: list[PointReplay], args: dict[str, Any],
+                 metric: str = ACC) -> list[str]:
     """Markdown: one row per point, then the totals."""
     lines = [f"Successive halving replayed on each point's lr sub-grid, one bracket per seed "
              f"(`sweeps/halving.py`; {', '.join(f'{k}={v}' for k, v in sorted(args.items()))})."
-             f" A run stopped by the pruner counts with the best val/acc it had reached.", "",
+             f" A run stopped by the pruner counts with the best {metric} it had reached.", "",
              *markdown_table(["point", "best lr (full grid)", "best lr (halving)", "same",
                               "steps full", "steps halving", "runs stopped (lr, seed @ step)"])]
     for r in replays:
@@ -204,12 +213,14 @@ def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
     pruner ran live (a replay needs every run's whole curve); points of one lr are left out."""
     if getattr(spec, "pruner", "none") != "none":
         return []
-    done = with_curves(trials)
+    metric = getattr(spec, "metric", ACC)
+    done = with_curves(trials, metric)
     if all(len(by_lr) < 2 for by_lr in by_point_and_lr(done).values()):
         return []
     args = halving_args(done)
     path = out / "halving.md"
-    path.write_text("\n".join(["# Successive halving on the lr sub-grid", "",
-                               *halving_text(replay(done, spec.direction, args), args),
-                               *order_text(order_checks(done, spec.direction, args))]) + "\n")
+    path.write_text("\n".join([
+        "# Successive halving on the lr sub-grid", "",
+        *halving_text(replay(done, spec.direction, args, metric=metric), args, metric),
+        *order_text(order_checks(done, spec.direction, args, metric=metric))]) + "\n")
     return [path]

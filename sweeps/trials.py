@@ -116,6 +116,23 @@ def valued_by(trials: Trials, metric: str) -> Trials:
     return out
 
 
+CURVES = {ACC: "val_curve", EXAMPLE_ACC: "example_curve"}
+"""The user attr holding a completed run's whole curve of each metric ((step, value) pairs,
+from its ``summary.json``; ``example_curve`` only in runs recorded since 2026-12-06)."""
+
+
+def objective_curve(t: Trial, metric: str) -> list[tuple[int, float]]:
+    """A run's validations in ``metric``, (step, value) pairs by step: its intermediate values
+    where it has them (a study with a pruner reports the objective at every validation),
+    else the curve of that metric its ``summary.json`` recorded (:data:`CURVES`; a completed
+    run's ``val_curve`` is always ``val/acc``'s); empty when it has neither (a run from before
+    ``example_curve``, judged by zoology's metric)."""
+    if t.intermediate_values:
+        return sorted((int(s), v) for s, v in t.intermediate_values.items())
+    key = CURVES.get(metric)
+    return [(int(s), v) for s, v in (t.user_attrs.get(key) or [])] if key else []
+
+
 def run_value(t: Trial, maximize: bool = True) -> float:
     """A run's objective: its value when it completed; for a run the pruner stopped, the
     best it had reached (its best intermediate value), as :mod:`sweeps.halving` counts it."""

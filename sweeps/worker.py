@@ -89,8 +89,10 @@ def one_line(err: BaseException) -> str:
 def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
                   wall_time_s: float) -> None:
     """What a run the pruner stopped had done: its validations (``val_curve``, (step, value)
-    pairs of the objective), the step it stopped at, its wall time, and what its
-    ``summary.json`` holds when the run wrote one (hparams, slices, device)."""
+    pairs of the objective, as its intermediate values: ``val/acc`` only where that is the
+    objective; :func:`sweeps.trials.objective_curve` reads them), the step it stopped at, its
+    wall time, and what its ``summary.json`` holds when the run wrote one (hparams, slices,
+    device)."""
     reached = sorted(storage.get_trial(trial._trial_id).intermediate_values.items())
     trial.set_user_attr("val_curve", [[int(s), v] for s, v in reached])
     if reached:
@@ -177,7 +179,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     value = summary_value(summary, spec.metric)
     for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
                 "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device",
-                "example_acc", "last_example_acc", "example_slices"):
+                "example_acc", "last_example_acc", "example_slices", "example_curve"):
         trial.set_user_attr(key, summary.get(key))
     trial.set_user_attr("val_acc", summary["val_acc"])
     trial.set_user_attr("state_size", summary["hparams"].get("state_size"))

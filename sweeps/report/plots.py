@@ -16,7 +16,7 @@ from sweeps.report.labels import label, matches_all, variant_name
 
 
 def mean_curve(curves: list[list]) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Steps and the mean, min and max of val/acc over ``curves`` ((step, acc) lists) at each
+    """Steps and the mean, min and max of accuracy over ``curves`` ((step, acc) lists) at each
     step any of them reached; a run that stopped early (at the 0.99 threshold) holds its last
     value."""
     steps = sorted({int(s) for c in curves for s, _ in c})
@@ -75,8 +75,9 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
 
 
 def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
-    """Validation accuracy against training step (``x: step``): one line per row (a point at
-    its best lr), the mean over its seeds with their range shaded."""
+    """Validation accuracy (the study's objective, each row's ``curve_metric``) against
+    training step (``x: step``): one line per row (a point at its best lr), the mean over its
+    seeds with their range shaded."""
     import matplotlib  # here: keeps matplotlib out of CLI start-up
 
     matplotlib.use("Agg")
@@ -95,7 +96,8 @@ def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -
                               f"(lr {r['best_lr']:g}, n={r['n']})")
         ax.fill_between(steps, [100 * v for v in lo], [100 * v for v in hi], alpha=0.15,
                         color=line.get_color())
-    return finish_plot(fig, ax, "training step", "val accuracy % (mean over seeds; range shaded)",
+    metric = next((r["curve_metric"] for r in table if r.get("curve_metric")), "val/acc")
+    return finish_plot(fig, ax, "training step", f"{metric} % (mean over seeds; range shaded)",
                        plot.get("title", "learning curves at each point's best lr"),
                        out / f"{plot.get('name', 'learning_curves')}.png", legend_size=7)
 

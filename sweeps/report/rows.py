@@ -21,10 +21,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from arbench.objective import ACC
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
 from sweeps.spec import SweepSpec
-from sweeps.trials import SEED, Trials, best_lr, by_point_and_lr, run_value
+from sweeps.trials import SEED, Trials, best_lr, by_point_and_lr, objective_curve, run_value
 
 ROW_ORDER = ("feature_map", "p", "rank", "m", "r", "d_model")
 """Rows are sorted by these hparams."""
@@ -44,6 +45,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per point of ``trials`` (the study's) at its best lr."""
     out = []
     maximize = spec.direction == "maximize"
+    metric = getattr(spec, "metric", ACC)
     for point, by_lr in by_point_and_lr(trials).items():
         best = best_lr(by_lr, maximize)
         at_best = by_lr[best]
@@ -77,7 +79,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             "seed_values": {t.params.get(SEED): run_value(t, maximize) for t in at_best},
             "seed_slices": {t.params.get(SEED): dict(t.user_attrs.get("slices") or {})
                             for t in at_best},
-            "curves": [t.user_attrs.get("val_curve") or [] for t in at_best],
+            "curves": [objective_curve(t, metric) for t in at_best], "curve_metric": metric,
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "slice_values": {k: list(v) for k, v in sorted(slices.items())},
             "example_acc": examples, "token_acc": tokens,

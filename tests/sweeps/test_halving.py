@@ -96,3 +96,26 @@ def test_halving_md_only_for_points_that_tried_two_or_more_lrs(tmp_path):
     assert "| p=2 |" in text and "| p=6 |" not in text
     assert write_halving(SimpleNamespace(pruner="halving", direction="maximize"), mixed,
                          tmp_path / "x") == []
+
+
+def test_the_replay_follows_the_curve_of_the_studys_objective():
+    """In a study judged by zoology's metric each run's example_curve is replayed, not its
+    val/acc curve: here the two metrics rank the lrs in opposite orders, and a run that
+    recorded no example_curve (from before it was recorded) is left out."""
+    trials = grid({2: [0.08, 0.02, 0.01]})  # val/acc: 3e-4 best
+    for t in trials:  # zoology's metric: the reverse
+        rate = {3e-4: 0.01, 1e-3: 0.02, 3e-3: 0.08}[t.params["model.lr"]]
+        t.user_attrs["example_curve"] = [[s, min(1.0, rate * (i + 1))]
+                                         for i, s in enumerate(STEPS)]
+        t.value = max(v for _, v in t.user_attrs["example_curve"])
+    args = {"min_resource": 500, "reduction_factor": 3}
+    [by_acc] = replay(trials, args=args)
+    [by_example] = replay(trials, args=args, metric="val/example_acc")
+    # replayed on the val/acc curves (what the replay read before), the lrs that are best by
+    # the study's values are stopped, and halving misses its best lr
+    assert by_acc.best_halving == 3e-4 != by_acc.best_full and (3e-3, 0) in by_acc.pruned
+    # by zoology's metric every later lr is better than the ones before it: none is stopped
+    assert by_example.best_full == by_example.best_halving == 3e-3 and by_example.pruned == {}
+    del trials[0].user_attrs["example_curve"]
+    [fewer] = replay(trials, args=args, metric="val/example_acc")
+    assert fewer.steps_full == 5 * 3000

@@ -4,7 +4,7 @@ import optuna
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from sweeps.trials import study_metric, valued_by
+from sweeps.trials import objective_curve, study_metric, valued_by
 
 
 def run(value, val_acc, example_acc, reused_from=None, seed=0):
@@ -54,3 +54,18 @@ def test_the_report_reads_reused_runs_by_the_specs_objective(tmp_path):
     study.add_trial(run(0.80, 0.80, 0.936, reused_from="calibration_long_6k#1"))
     spec = SimpleNamespace(study="s", metric="val/example_acc")
     assert [t.value for t in study_trials(spec, url)] == [0.936]
+
+
+def test_objective_curve_is_the_studys_metric():
+    t = run(0.9, 0.6, 0.9)
+    t.user_attrs.update(val_curve=[[500, 0.3], [1000, 0.6]],
+                        example_curve=[[500, 0.5], [1000, 0.9]])
+    assert objective_curve(t, "val/acc") == [(500, 0.3), (1000, 0.6)]
+    assert objective_curve(t, "val/example_acc") == [(500, 0.5), (1000, 0.9)]
+    assert objective_curve(t, "val/acc_L64_N4") == []  # no whole curve of one slice is kept
+    del t.user_attrs["example_curve"]
+    assert objective_curve(t, "val/example_acc") == []
+    live = create_trial(state=TrialState.PRUNED, params={}, distributions={},
+                        intermediate_values={1000: 0.4, 500: 0.2},
+                        user_attrs={"val_curve": [[500, 0.1]]})
+    assert objective_curve(live, "val/example_acc") == [(500, 0.2), (1000, 0.4)]
