@@ -8,7 +8,10 @@ The model is built as ``main.py fit`` builds it from the same ``--config`` files
 initialisation. On ``--batches`` K training batches of its data it computes the gradient of
 the training loss (mean cross-entropy over answer tokens) in fp32 and under CPU bf16 autocast
 (fp32 weights, as ``--trainer.precision bf16-mixed`` trains), with no layer, each mixer kind
-and every mixer kept in fp32 (``model.fp32_mixers``). Per arm, over all parameters:
+and every mixer kept in fp32 (``model.fp32_mixers``), each also with the output head in fp32
+(its logits unrounded: :func:`kept_in_fp32`'s ``head``; with every mixer and the head in
+fp32 nothing is left in bf16, and the gradient is fp32's exactly). Per arm, over all
+parameters:
 
 - ``one batch``: the relative error ‖g_bf16 − g_fp32‖ / ‖g_fp32‖, mean over the K batches;
 - ``mean of K``: the relative error of the K batches' summed gradients. Rounding errors that
@@ -44,17 +47,30 @@ Grads = dict[str, torch.Tensor]
 
 
 @contextmanager
-def kept_in_fp32(model: RecallModel, names: list[str]) -> Iterator[None]:
+def kept_in_fp32(model: RecallModel, names: list[str], head: bool = False) -> Iterator[None]:
     """Within the block, the layers whose mixer is one of ``names`` run in fp32 under
-    autocast (as ``model.fp32_mixers`` builds them); restored after."""
+    autocast (as ``model.fp32_mixers`` builds them), and with ``head`` the output head too
+    (autocast off, fp32 inputs: its logits are not rounded to bf16); restored after."""
     before = [block.fp32_mixer for block in model.blocks]
     for block, kind, was in zip(model.blocks, model.mixer_names, before):
         block.fp32_mixer = was or kind in names
+    linear = model.head
+
+    def fp32_head(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.nn.functional.linear(x.float(), linear.weight.float(),
+                                              None if linear.bias is None else
+                                              linear.bias.float())
+
+    if head:
+        linear.forward = fp32_head  # an instance attribute: nn.Module calls it
     try:
         yield
     finally:
         for block, was in zip(model.blocks, before):
             block.fp32_mixer = was
+        if head:
+            del linear.forward
 
 
 def loss_gradient(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
@@ -76,14 +92,17 @@ def relative_error(got: Grads, want: Grads) -> float:
     return (num / den) ** 0.5
 
 
-def arms(model: RecallModel) -> list[tuple[str, list[str]]]:
-    """``(name, mixers kept in fp32)``: none, each mixer kind alone, then all of them."""
+def arms(model: RecallModel) -> list[tuple[str, list[str], bool]]:
+    """``(name, mixers kept in fp32, head in fp32)``: none, each mixer kind alone, then all
+    of them; each of those with the bf16 head, then with the head in fp32."""
     kinds = list(dict.fromkeys(model.mixer_names))
-    out: list[tuple[str, list[str]]] = [("bf16-mixed", [])]
-    out += [(f"{k} in fp32", [k]) for k in kinds]
+    subsets: list[tuple[str, list[str]]] = [("bf16-mixed", [])]
+    subsets += [(f"{k} in fp32", [k]) for k in kinds]
     if len(kinds) > 1:
-        out.append(("every mixer in fp32", kinds))
-    return out
+        subsets.append(("every mixer in fp32", kinds))
+    with_head = [("head in fp32" if not keep else f"{name} + head in fp32", keep, True)
+                 for name, keep in subsets]
+    return [(name, keep, False) for name, keep in subsets] + with_head
 
 
 def compare(model: RecallModel, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -93,14 +112,14 @@ def compare(model: RecallModel, batches: list[tuple[torch.Tensor, torch.Tensor]]
     refs = [loss_gradient(model, x, y, bf16=False) for x, y in batches]
     ref_sum = {n: sum(r[n] for r in refs) for n in refs[0]}
     rows = []
-    for name, keep in arms(model):
-        with kept_in_fp32(model, keep):
+    for name, keep, head in arms(model):
+        with kept_in_fp32(model, keep, head):
             grads = [loss_gradient(model, x, y, bf16=True) for x, y in batches]
         got_sum = {n: sum(g[n] for g in grads) for n in ref_sum}
         per_param = {n: relative_error({n: got_sum[n]}, {n: ref_sum[n]}) for n in ref_sum
                      if float(ref_sum[n].norm()) > 0}
         top = sorted(per_param.items(), key=lambda kv: -kv[1])[:worst]
-        rows.append({"arm": name, "fp32_mixers": keep,
+        rows.append({"arm": name, "fp32_mixers": keep, "fp32_head": head,
                      "one_batch": sum(relative_error(g, r) for g, r in zip(grads, refs))
                      / len(batches),
                      "mean_of_k": relative_error(got_sum, ref_sum),

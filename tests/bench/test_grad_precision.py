@@ -27,10 +27,15 @@ def test_one_batch_equals_mean_of_one(tiny):
 def test_arms_and_restored_switches(tiny):
     model, batches = tiny
     rows = gp.compare(model, batches)
-    assert [r["arm"] for r in rows] == ["bf16-mixed", "conv in fp32", "linear in fp32",
-                                        "every mixer in fp32"]
-    assert all(0 < r["one_batch"] < 1 and 0 < r["mean_of_k"] < 1 for r in rows)
+    assert [r["arm"] for r in rows] == [
+        "bf16-mixed", "conv in fp32", "linear in fp32", "every mixer in fp32", "head in fp32",
+        "conv in fp32 + head in fp32", "linear in fp32 + head in fp32",
+        "every mixer in fp32 + head in fp32"]
+    assert all(0 < r["one_batch"] < 1 and 0 < r["mean_of_k"] < 1 for r in rows[:-1])
+    # nothing left in bf16: the embedding, norms and residual adds run in fp32 under autocast
+    assert rows[-1]["one_batch"] == rows[-1]["mean_of_k"] == 0.0
     assert [b.fp32_mixer for b in model.blocks] == [False, False]  # put back after each arm
+    assert "forward" not in vars(model.head)
     # fp32 reference: no autocast, the same gradient twice
     x, y = batches[0]
     a, b = (gp.loss_gradient(model, x, y, bf16=False) for _ in range(2))
@@ -47,12 +52,19 @@ def test_kept_layers_really_run_in_fp32(tiny):
     gp.loss_gradient(model, x, y, bf16=True)
     hook.remove()
     assert seen == [torch.float32, torch.bfloat16]
+    logits = []
+    hook = model.head.register_forward_hook(lambda _m, _i, out: logits.append(out.dtype))
+    with gp.kept_in_fp32(model, [], head=True):
+        gp.loss_gradient(model, x, y, bf16=True)
+    gp.loss_gradient(model, x, y, bf16=True)
+    hook.remove()
+    assert logits == [torch.float32, torch.bfloat16]
 
 
 def test_main_writes_the_report(tmp_path, capsys):
     assert gp.main([*SMOKE_ARGS, "--batches", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "grad_precision.json").read_text())["rows"]
-    assert len(rows) == 4 and rows[0]["worst"][0]["param"]
+    assert len(rows) == 8 and rows[0]["worst"][0]["param"] and rows[4]["fp32_head"]
     md = (tmp_path / "grad_precision.md").read_text()
     assert "| conv in fp32 |" in md and "K = 2 training batches" in md
 
