@@ -8,10 +8,11 @@ The model is built as ``main.py fit`` builds it from the same ``--config`` files
 initialisation. On ``--batches`` K training batches of its data it computes the gradient of
 the training loss (mean cross-entropy over answer tokens) in fp32 and under CPU bf16 autocast
 (fp32 weights, as ``--trainer.precision bf16-mixed`` trains), with no layer, each mixer kind
-and every mixer kept in fp32 (``model.fp32_mixers``), each also with the output head in fp32
-(its logits unrounded: :func:`kept_in_fp32`'s ``head``; with every mixer and the head in
-fp32 nothing is left in bf16, and the gradient is fp32's exactly). Per arm, over all
-parameters:
+and every mixer kept in fp32 (``model.fp32_mixers``); the attention layers' parts
+(:data:`PARTS`: their feature maps, their projections, their state products), each in fp32
+alone and with the conv layer; and each of those again with the output head in fp32 (its
+logits unrounded; with every mixer and the head in fp32 nothing is left in bf16, and the
+gradient is fp32's exactly). Per arm, over all parameters:
 
 - ``one batch``: the relative error ‖g_bf16 − g_fp32‖ / ‖g_fp32‖, mean over the K batches;
 - ``mean of K``: the relative error of the K batches' summed gradients. Rounding errors that
@@ -46,31 +47,63 @@ from arbench.tables import markdown_table
 Grads = dict[str, torch.Tensor]
 
 
+PARTS = ("feature maps", "attention projections", "state products")
+"""The parts of the attention layers an arm may keep in fp32 besides whole mixers."""
+PART_ARMS = (("feature maps",), ("attention projections",), ("state products",),
+             ("feature maps", "state products"))
+"""The sets of :data:`PARTS` the arms keep in fp32; the last keeps the features unrounded from
+the map through the state products."""
+
+Target = tuple[torch.nn.Module, str]
+"""A module and the name of its method that an arm runs in fp32."""
+
+
+def fp32_targets(model: RecallModel, part: str) -> list[Target]:
+    """The methods of ``part``: ``"head"`` (the output head's forward), ``"feature maps"``
+    (every attention layer's φ_Q and φ_K), ``"attention projections"`` (its q, k, v and output
+    projections) or ``"state products"`` (its ``mix``: the causal products of features and
+    values, the chunked attention, with the features and values cast to fp32)."""
+    if part == "head":
+        return [(model.head, "forward")]
+    attention = [block.mixer for block in model.blocks if hasattr(block.mixer, "phi_q")]
+    if part == "state products":
+        return [(mixer, "mix") for mixer in attention]
+    names = ("phi_q", "phi_k") if part == "feature maps" else ("qkv", "out")
+    return [(getattr(mixer, n), "forward") for mixer in attention for n in names]
+
+
 @contextmanager
-def kept_in_fp32(model: RecallModel, names: list[str], head: bool = False) -> Iterator[None]:
+def kept_in_fp32(model: RecallModel, names: list[str],
+                 parts: tuple[str, ...] = ()) -> Iterator[None]:
     """Within the block, the layers whose mixer is one of ``names`` run in fp32 under
-    autocast (as ``model.fp32_mixers`` builds them), and with ``head`` the output head too
-    (autocast off, fp32 inputs: its logits are not rounded to bf16); restored after."""
+    autocast (as ``model.fp32_mixers`` builds them), and so do the methods of each of
+    ``parts`` (:func:`fp32_targets`: autocast off, floating inputs cast to fp32, so e.g. the
+    head's logits or the feature maps' products are not rounded to bf16); restored after."""
     before = [block.fp32_mixer for block in model.blocks]
     for block, kind, was in zip(model.blocks, model.mixer_names, before):
         block.fp32_mixer = was or kind in names
-    linear = model.head
-
-    def fp32_head(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return torch.nn.functional.linear(x.float(), linear.weight.float(),
-                                              None if linear.bias is None else
-                                              linear.bias.float())
-
-    if head:
-        linear.forward = fp32_head  # an instance attribute: nn.Module calls it
+    targets = [t for part in parts for t in fp32_targets(model, part)]
+    for obj, method in targets:
+        setattr(obj, method, _in_fp32(obj, method))  # an instance attribute shadows the class's
     try:
         yield
     finally:
         for block, was in zip(model.blocks, before):
             block.fp32_mixer = was
-        if head:
-            del linear.forward
+        for obj, method in targets:
+            delattr(obj, method)
+
+
+def _in_fp32(obj: torch.nn.Module, method: str) -> Any:
+    """``obj``'s own ``method`` with autocast off and its floating tensor arguments in fp32."""
+    bound = getattr(type(obj), method)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a
+                     for a in args)
+        with torch.autocast("cpu", enabled=False):
+            return bound(obj, *args, **kwargs)
+    return run
 
 
 def loss_gradient(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
@@ -92,17 +125,24 @@ def relative_error(got: Grads, want: Grads) -> float:
     return (num / den) ** 0.5
 
 
-def arms(model: RecallModel) -> list[tuple[str, list[str], bool]]:
-    """``(name, mixers kept in fp32, head in fp32)``: none, each mixer kind alone, then all
-    of them; each of those with the bf16 head, then with the head in fp32."""
+def arms(model: RecallModel) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """``(name, mixers kept in fp32, other parts kept in fp32)``: none, each mixer kind alone,
+    all of them, then (where the model has attention layers with feature maps) each set of
+    :data:`PART_ARMS` alone and with the conv layer; each of those with the bf16 head, then
+    with the head in fp32."""
     kinds = list(dict.fromkeys(model.mixer_names))
-    subsets: list[tuple[str, list[str]]] = [("bf16-mixed", [])]
-    subsets += [(f"{k} in fp32", [k]) for k in kinds]
+    subsets: list[tuple[str, list[str], tuple[str, ...]]] = [("bf16-mixed", [], ())]
+    subsets += [(f"{k} in fp32", [k], ()) for k in kinds]
     if len(kinds) > 1:
-        subsets.append(("every mixer in fp32", kinds))
-    with_head = [("head in fp32" if not keep else f"{name} + head in fp32", keep, True)
-                 for name, keep in subsets]
-    return [(name, keep, False) for name, keep in subsets] + with_head
+        subsets.append(("every mixer in fp32", kinds, ()))
+    for parts in PART_ARMS if fp32_targets(model, "feature maps") else ():
+        name = " + ".join(parts)
+        subsets.append((f"{name} in fp32", [], parts))
+        if "conv" in kinds:
+            subsets.append((f"conv + {name} in fp32", ["conv"], parts))
+    with_head = [("head in fp32" if name == "bf16-mixed" else f"{name} + head in fp32", keep,
+                  (*parts, "head")) for name, keep, parts in subsets]
+    return subsets + with_head
 
 
 def compare(model: RecallModel, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -112,14 +152,14 @@ def compare(model: RecallModel, batches: list[tuple[torch.Tensor, torch.Tensor]]
     refs = [loss_gradient(model, x, y, bf16=False) for x, y in batches]
     ref_sum = {n: sum(r[n] for r in refs) for n in refs[0]}
     rows = []
-    for name, keep, head in arms(model):
-        with kept_in_fp32(model, keep, head):
+    for name, keep, parts in arms(model):
+        with kept_in_fp32(model, keep, parts):
             grads = [loss_gradient(model, x, y, bf16=True) for x, y in batches]
         got_sum = {n: sum(g[n] for g in grads) for n in ref_sum}
         per_param = {n: relative_error({n: got_sum[n]}, {n: ref_sum[n]}) for n in ref_sum
                      if float(ref_sum[n].norm()) > 0}
         top = sorted(per_param.items(), key=lambda kv: -kv[1])[:worst]
-        rows.append({"arm": name, "fp32_mixers": keep, "fp32_head": head,
+        rows.append({"arm": name, "fp32_mixers": keep, "fp32_parts": list(parts),
                      "one_batch": sum(relative_error(g, r) for g, r in zip(grads, refs))
                      / len(batches),
                      "mean_of_k": relative_error(got_sum, ref_sum),

@@ -27,15 +27,22 @@ def test_one_batch_equals_mean_of_one(tiny):
 def test_arms_and_restored_switches(tiny):
     model, batches = tiny
     rows = gp.compare(model, batches)
-    assert [r["arm"] for r in rows] == [
-        "bf16-mixed", "conv in fp32", "linear in fp32", "every mixer in fp32", "head in fp32",
-        "conv in fp32 + head in fp32", "linear in fp32 + head in fp32",
-        "every mixer in fp32 + head in fp32"]
-    assert all(0 < r["one_batch"] < 1 and 0 < r["mean_of_k"] < 1 for r in rows[:-1])
+    subsets = ["conv in fp32", "linear in fp32", "every mixer in fp32",
+               "feature maps in fp32", "conv + feature maps in fp32",
+               "attention projections in fp32", "conv + attention projections in fp32",
+               "state products in fp32", "conv + state products in fp32",
+               "feature maps + state products in fp32",
+               "conv + feature maps + state products in fp32"]
+    assert [r["arm"] for r in rows] == ["bf16-mixed", *subsets, "head in fp32",
+                                        *(f"{a} + head in fp32" for a in subsets)]
+    assert all(0 < r["one_batch"] < 1 and 0 < r["mean_of_k"] < 1 for r in rows[:15])
     # nothing left in bf16: the embedding, norms and residual adds run in fp32 under autocast
-    assert rows[-1]["one_batch"] == rows[-1]["mean_of_k"] == 0.0
+    every = rows[15]
+    assert every["arm"] == "every mixer in fp32 + head in fp32"
+    assert every["one_batch"] == every["mean_of_k"] == 0.0
+    assert all(0 < r["one_batch"] for r in rows[16:])
     assert [b.fp32_mixer for b in model.blocks] == [False, False]  # put back after each arm
-    assert "forward" not in vars(model.head)
+    assert not any({"forward", "mix"} & set(vars(m)) for m in model.modules())
     # fp32 reference: no autocast, the same gradient twice
     x, y = batches[0]
     a, b = (gp.loss_gradient(model, x, y, bf16=False) for _ in range(2))
@@ -52,19 +59,38 @@ def test_kept_layers_really_run_in_fp32(tiny):
     gp.loss_gradient(model, x, y, bf16=True)
     hook.remove()
     assert seen == [torch.float32, torch.bfloat16]
-    logits = []
-    hook = model.head.register_forward_hook(lambda _m, _i, out: logits.append(out.dtype))
-    with gp.kept_in_fp32(model, [], head=True):
-        gp.loss_gradient(model, x, y, bf16=True)
-    gp.loss_gradient(model, x, y, bf16=True)
-    hook.remove()
-    assert logits == [torch.float32, torch.bfloat16]
+    out = []
+    attention = model.blocks[1].mixer
+    hooks = [m.register_forward_hook(lambda _m, _i, o: out.append(o.dtype))
+             for m in (attention.qkv, attention.phi_q, model.head)]
+    mixed = []
+    mix = type(attention).mix
+
+    def spy(self, *args):
+        y = mix(self, *args)
+        mixed.append((args[1].dtype, y.dtype))
+        return y
+
+    type(attention).mix = spy
+    try:
+        with gp.kept_in_fp32(model, [], ("head", "feature maps", "attention projections")):
+            gp.loss_gradient(model, x, y, bf16=True)
+        with gp.kept_in_fp32(model, [], ("state products",)):
+            gp.loss_gradient(model, x, y, bf16=True)
+    finally:
+        type(attention).mix = mix
+        for h in hooks:
+            h.remove()
+    assert out == [torch.float32] * 3 + [torch.bfloat16] * 3
+    # the state products alone: features from a bf16 map, multiplied in fp32
+    assert mixed[-1] == (torch.float32, torch.float32)
 
 
 def test_main_writes_the_report(tmp_path, capsys):
     assert gp.main([*SMOKE_ARGS, "--batches", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "grad_precision.json").read_text())["rows"]
-    assert len(rows) == 8 and rows[0]["worst"][0]["param"] and rows[4]["fp32_head"]
+    assert len(rows) == 24 and rows[0]["worst"][0]["param"]
+    assert rows[12]["fp32_parts"] == ["head"] and rows[4]["fp32_parts"] == ["feature maps"]
     md = (tmp_path / "grad_precision.md").read_text()
     assert "| conv in fp32 |" in md and "K = 2 training batches" in md
 
