@@ -213,7 +213,7 @@ def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
     pruner ran live (a replay needs every run's whole curve); points of one lr are left out."""
     if getattr(spec, "pruner", "none") != "none":
         return []
-    metric = getattr(spec, "metric", ACC)
+    metric = spec.metric
     done = with_curves(trials, metric)
     if all(len(by_lr) < 2 for by_lr in by_point_and_lr(done).values()):
         return []

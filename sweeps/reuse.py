@@ -134,9 +134,10 @@ def finished_experiments(study_names: list[str], storage: Any, metric: str = ACC
                       file=sys.stderr, flush=True)
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        same = study_metric(study.user_attrs, study.get_trials(deepcopy=False)) == metric
+        trials = study.get_trials(deepcopy=False)
+        same = study_metric(study.user_attrs, trials) == metric
         states = RESULTS if pruned and same else (TrialState.COMPLETE,)
-        for t in study.get_trials(deepcopy=False, states=states):
+        for t in (t for t in trials if t.state in states):
             if t.user_attrs.get("reused_from") or (t.state == TrialState.PRUNED
                                                    and not t.intermediate_values):
                 continue

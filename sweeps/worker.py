@@ -22,6 +22,7 @@ from optuna.storages import RDBStorage, fail_stale_trials
 from optuna.trial import TrialState
 
 from arbench.noise import quiet_lightning_loggers, quiet_resume_warning, quiet_sweep_noise
+from arbench.objective import summary_value
 from sweeps.command import trial_args
 from sweeps.faults import storage_fault
 from sweeps.names import trial_name
@@ -113,7 +114,6 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     # here: keeps Lightning out of CLI start-up
     from arbench.ckpt_check import last_checkpoint
     from arbench.cli import build_cli, checkpoints_by_run_name
-    from arbench.objective import summary_value
 
     params = point_params(trial, spec, storage)
     problem = point_problem(params, spec)

@@ -21,7 +21,6 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from arbench.objective import ACC
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
 from sweeps.spec import SweepSpec
@@ -45,7 +44,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per point of ``trials`` (the study's) at its best lr."""
     out = []
     maximize = spec.direction == "maximize"
-    metric = getattr(spec, "metric", ACC)
+    metric = spec.metric
     for point, by_lr in by_point_and_lr(trials).items():
         best = best_lr(by_lr, maximize)
         at_best = by_lr[best]

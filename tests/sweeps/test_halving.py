@@ -83,7 +83,7 @@ def test_halving_md_only_for_points_that_tried_two_or_more_lrs(tmp_path):
 
     from sweeps.halving import write_halving
 
-    spec = SimpleNamespace(pruner="none", direction="maximize")
+    spec = SimpleNamespace(pruner="none", direction="maximize", metric="val/acc")
     # every point at one lr of its own (as rank's cpu grid sets each p's lr): no halving.md
     one_lr = [run(0, 2, 3e-4, 0, 0.1), run(1, 6, 1e-3, 0, 0.05)]
     assert write_halving(spec, one_lr, tmp_path) == []
@@ -94,8 +94,8 @@ def test_halving_md_only_for_points_that_tried_two_or_more_lrs(tmp_path):
     [path] = write_halving(spec, mixed, tmp_path)
     text = path.read_text()
     assert "| p=2 |" in text and "| p=6 |" not in text
-    assert write_halving(SimpleNamespace(pruner="halving", direction="maximize"), mixed,
-                         tmp_path / "x") == []
+    pruning = SimpleNamespace(pruner="halving", direction="maximize", metric="val/acc")
+    assert write_halving(pruning, mixed, tmp_path / "x") == []
 
 
 def test_the_replay_follows_the_curve_of_the_studys_objective():

@@ -1,9 +1,12 @@
 """Reading a study's objective and its runs' values (sweeps.trials)."""
 
+from types import SimpleNamespace
+
 import optuna
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from sweeps.report import study_trials
 from sweeps.trials import objective_curve, study_metric, valued_by
 
 
@@ -45,10 +48,6 @@ def test_valued_by_revalues_reused_runs_only():
 
 
 def test_the_report_reads_reused_runs_by_the_specs_objective(tmp_path):
-    from types import SimpleNamespace
-
-    from sweeps.report import study_trials
-
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = optuna.create_study(study_name="s", storage=url, direction="maximize")
     study.add_trial(run(0.80, 0.80, 0.936, reused_from="calibration_long_6k#1"))
