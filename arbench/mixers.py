@@ -18,6 +18,7 @@ from arbench import kernels
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
 from arbench.delta import DELTA_MODES, delta_attention
 from arbench.featuremaps import FeatureMap
+from arbench.kernels.norm import rms_norm_low, runs_low
 from arbench.naive import naive_causal_conv
 from arbench.precision import use_cpu_kernels
 
@@ -44,8 +45,10 @@ def check_heads(d_model: int, num_heads: int) -> int:
 class FeatureMapAttention(nn.Module):
     """The plumbing every feature-map mixer shares: a fused q/k/v projection, φ_Q and φ_K
     (``feature_map(qk_head_dim)`` called twice), a per-head RMSNorm on the attention output when
-    ``use_norm``, and the output projection. Subclasses define :meth:`mix`, the causal state
-    update from features ``f, g`` and values ``v`` to ``(batch, heads, seq, head_dim)``.
+    ``use_norm`` (computed in fp32; for a bf16 or fp16 attention output on a CPU as one compiled
+    pass, :func:`arbench.kernels.norm.rms_norm_low`), and the output projection. Subclasses
+    define :meth:`mix`, the causal state update from features ``f, g`` and values ``v`` to
+    ``(batch, heads, seq, head_dim)``.
     ``qk_norm``: q and k go through a LayerNorm without affine parameters (zero mean, unit
     variance per head vector) before φ, as PolySketchFormer and fla's learnable PolySketch do.
     ``qk_dim``: the width of q and k over all heads (default ``d_model``); zoology's Based
@@ -95,7 +98,8 @@ class FeatureMapAttention(nn.Module):
         q, k, v = (split_heads(t, self.num_heads) for t in qkv.split(sizes, dim=-1))
         y = self.mix(x, self.phi_q(self.normalize_qk(q)), self.phi_k(self.normalize_qk(k)), v)
         if isinstance(self.norm, nn.RMSNorm):  # in its weight's dtype: fp32 under autocast
-            y = self.norm(y.to(self.norm.weight.dtype))
+            y = rms_norm_low(y, self.norm) if runs_low(y, self.norm) else \
+                self.norm(y.to(self.norm.weight.dtype))
         return self.out(merge_heads(y))
 
     def state_size(self, seq_len: int) -> int:

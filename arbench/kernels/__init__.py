@@ -9,13 +9,15 @@ compares the two (value, gradient, the no-grad path, float64).
 | :func:`taylor_features` | :func:`arbench.naive.naive_taylor_features` |
 | :func:`chunked_attention` | :func:`arbench.attention.chunked_plain` |
 | :func:`causal_conv` | :func:`arbench.naive.naive_causal_conv` |
+| :func:`rms_norm_low` (bf16 and fp16 only) | ``nn.RMSNorm`` on the input in fp32 |
 | :func:`keep_heap` (malloc setting) | glibc's defaults (``ARBENCH_MALLOC=system``) |
 
 Inside two of them, :mod:`arbench.kernels.fused` runs an elementwise chain as one compiled pass
 (``torch.compile``, inductor's C++ backend): the CP product and its gradient per block (every
 dtype; bit-identical to the eager chain in fp32) and, in bf16 and fp16 only, the short
-convolution and its gradient. :func:`arbench.kernels.fused.fused_kernels` switches them off
-(the eager chains run, as they do without a working C++ compiler).
+convolution and its gradient; :func:`rms_norm_low` (the attention output's RMSNorm, bf16 and
+fp16 only) is such a chain forward and backward. :func:`arbench.kernels.fused.fused_kernels`
+switches them off (the eager chains run, as they do without a working C++ compiler).
 
 CUDA paths, where :func:`arbench.precision.use_cuda_kernels` holds (the same rule on a CUDA
 tensor):
@@ -35,7 +37,8 @@ from arbench.kernels.allocator import keep_heap
 from arbench.kernels.chunked import chunked_attention
 from arbench.kernels.conv import causal_conv
 from arbench.kernels.cp import block_rows, cp_block_rows, cp_product, projected_power
+from arbench.kernels.norm import rms_norm_low
 from arbench.kernels.taylor import taylor_features
 
 __all__ = ["block_rows", "causal_conv", "chunked_attention", "cp_block_rows", "cp_product",
-           "keep_heap", "projected_power", "taylor_features"]
+           "keep_heap", "projected_power", "rms_norm_low", "taylor_features"]

@@ -11,6 +11,15 @@ References: :func:`arbench.kernels.cp._product_into` (forward) and
 same order, so in fp32 they are bit-identical to them; in bf16 they keep the running products
 in fp32 and round once per output, where the eager forms round after every multiplication.
 
+The same for two chains that run fused in bf16 and fp16 only (in fp32 the compiled sums and
+products differ from the eager ones by about an ulp, so fp32 keeps the eager kernels): the short
+convolution (:func:`conv`, :func:`conv_grad`; reference
+:class:`arbench.kernels.conv.CausalDepthwiseConv`'s eager loops) and the attention output's
+RMSNorm (:func:`rms_norm`, :func:`rms_norm_grad`; reference ``nn.RMSNorm`` on the input in
+fp32, :func:`arbench.kernels.norm.rms_norm_low`), which eagerly is half a dozen passes over
+``(batch, heads, seq, head_dim)`` fp32 tensors forward and as many backward, plus the casts
+into and out of fp32.
+
 Used for blocks of at least :data:`MIN_ELEMENTS` elements (below that a compile costs more than
 it saves), outside dispatch modes, when :func:`fused_kernels` is on (the default) and a C++
 compiler works: the first
@@ -33,6 +42,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 MIN_ELEMENTS = 1 << 15
 """The elements (a CP block's ``rows · rank · m``, a convolution's input) from which the compiled
 forms run."""
+
+RECOMPILE_LIMIT = 1024
+"""Graphs the compiled chains may build in one process, all chains together (dynamo's limits
+are raised to it whenever a chain is first compiled)."""
 
 _ENABLED: ContextVar[bool] = ContextVar("fused_kernels", default=True)
 _BROKEN: list[str] = []  # the first compile error, once one has failed
@@ -119,16 +132,50 @@ def conv_grad(grad: torch.Tensor, h: torch.Tensor,
     return grad_h, torch.stack(cols[::-1], dim=1), grad.float().sum((0, 1))
 
 
+def rms_norm(y: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x · r · w`` with ``x = y`` in fp32 and ``r = 1/√(mean(x²) + eps)`` over the last dim
+    (:class:`~arbench.kernels.norm.RMSNormLow`'s forward); ``y``: ``(..., d)`` in bf16 or fp16,
+    ``w``: ``(d,)``. Returns the output in ``y``'s dtype and ``r`` ``(..., 1)`` in fp32."""
+    x = y.float()
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * r * w).to(y.dtype), r
+
+
+def rms_norm_grad(grad: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                  r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂y, ∂w)`` of :func:`rms_norm` for ``∂out`` = ``grad``: with ``x = y``, ``gw = grad · w``
+    in fp32, ``∂x = r · gw − x · r³ · mean(gw · x)`` (in ``y``'s dtype) and ``∂w = Σ grad · x · r``
+    over every row (fp32)."""
+    x, g = y.float(), grad.float()
+    gw = g * w
+    dx = r * gw - x * (r.pow(3) * (gw * x).mean(-1, keepdim=True))
+    return dx.to(y.dtype), (g * x * r).flatten(0, -2).sum(0)
+
+
+def _raise_limits() -> None:
+    """Dynamo's recompile limits at least :data:`RECOMPILE_LIMIT`.
+
+    ``torch.compile`` of a ``functools.partial`` compiles one wrapper frame of dynamo's for
+    every chain, so every graph (each chain × its static arguments × dtype × static or dynamic
+    shapes) counts towards that one frame's limits: a sweep worker that trains many
+    configurations in one process (p ∈ {2, …, 6} × ranks × fp32 and bf16) would pass dynamo's
+    defaults (8, and 256 in all) and run the eager kernels from then on."""
+    config = torch._dynamo.config
+    if config.recompile_limit < RECOMPILE_LIMIT:
+        config.recompile_limit = RECOMPILE_LIMIT
+    if config.accumulated_recompile_limit < RECOMPILE_LIMIT:
+        config.accumulated_recompile_limit = RECOMPILE_LIMIT
+
+
 @functools.cache
-def _compiled(fn: Callable[..., object], **static: int) -> Callable[..., object]:
-    """``fn`` with its integer arguments ``static`` bound, compiled once: a static graph for
+def _compiled(fn: Callable[..., object], **static: float) -> Callable[..., object]:
+    """``fn`` with its scalar arguments ``static`` bound, compiled once: a static graph for
     the first shape, one dynamic graph for the rest, per dtype."""
-    # p ∈ {2, …, 6} × ranks × dtypes exceeds dynamo's default of 8 graphs per code object
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    _raise_limits()
     return torch.compile(functools.partial(fn, **static), fullgraph=True)
 
 
-def _run(fn: Callable[..., object], *args: torch.Tensor, **static: int) -> object:
+def _run(fn: Callable[..., object], *args: torch.Tensor, **static: float) -> object:
     """The compiled ``fn``, or the eager one after the first compile error (warned once)."""
     if not _BROKEN:
         try:
@@ -162,6 +209,19 @@ def fused_conv_grad(grad: torch.Tensor, h: torch.Tensor,
     return _run(conv_grad, grad, h, w)  # type: ignore[return-value]
 
 
-__all__ = ["MIN_ELEMENTS", "conv", "conv_grad", "fused_conv", "fused_conv_grad",
-           "fused_kernels", "fused_product", "fused_product_grad", "product", "product_grad",
+def fused_rms_norm(y: torch.Tensor, w: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm`, compiled."""
+    return _run(rms_norm, y, w, eps=eps)  # type: ignore[return-value]
+
+
+def fused_rms_norm_grad(grad: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                        r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_grad`, compiled."""
+    return _run(rms_norm_grad, grad, y, w, r)  # type: ignore[return-value]
+
+
+__all__ = ["MIN_ELEMENTS", "RECOMPILE_LIMIT", "conv", "conv_grad", "fused_conv",
+           "fused_conv_grad", "fused_kernels", "fused_product", "fused_product_grad", "fused_rms_norm",
+           "fused_rms_norm_grad", "product", "product_grad", "rms_norm", "rms_norm_grad",
            "use_fused"]

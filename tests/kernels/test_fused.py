@@ -2,6 +2,8 @@
 product bit for bit in fp32 and float64, the convolution against its reference in bf16, fp32
 never fused for the convolution, and the fallbacks (a failing compile, a dispatch mode)."""
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -115,3 +117,20 @@ def test_dispatch_modes_see_the_eager_ops(always_fused):
         assert not fused.use_fused(100)
     with fused_kernels(False):
         assert not fused.use_fused(100)
+
+
+def test_many_chains_and_shapes_stay_compiled(always_fused, monkeypatch):
+    # every chain compiles through one wrapper frame of dynamo's, so its graphs share that
+    # frame's recompile limits; a limit of 2 (as if a worker had built many graphs before)
+    # is raised on the first compile, and the third graph below still compiles
+    monkeypatch.setattr(fused, "_BROKEN", [])
+    fused._compiled.cache_clear()
+    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for rank, rows in ((5, 6), (5, 7), (7, 6)):
+            proj = torch.randn(rows, 2 * rank * 3)
+            torch.testing.assert_close(fused.fused_product(proj, 2, rank),
+                                       fused.product(proj, p=2, rank=rank))
+        assert torch._dynamo.config.recompile_limit >= fused.RECOMPILE_LIMIT
+    assert not fused._BROKEN
