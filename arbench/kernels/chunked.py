@@ -52,9 +52,10 @@ class ChunkedAttention(torch.autograd.Function):
     Saves f, g, v, the masked scores ``A`` (``(B, nc, c, c)``, linear in n) and the states.
 
     Dtypes: the matmuls run in the inputs' dtype (bf16 under autocast: ``custom_fwd`` casts);
-    the states ``S_i``, ``T_i`` and the output are kept in :func:`accumulator_dtype` (fp32 for
-    bf16 inputs), so the sums over chunks never round to bf16. Gradients return in the inputs'
-    dtype.
+    the states ``S_i``, ``T_i`` are summed and the output is kept in :func:`accumulator_dtype`
+    (fp32 for bf16 inputs), so the sums over chunks never round to bf16; each state is then
+    rounded once to the inputs' dtype for the matmuls that read it (the forward's copy is the
+    one saved for the backward). Gradients return in the inputs' dtype.
     """
 
     @staticmethod
@@ -68,11 +69,12 @@ class ChunkedAttention(torch.autograd.Function):
         scores = (fc @ gc.transpose(-1, -2)).tril_()  # (b, nc, c, c)
         out = (scores @ vc).to(acc)  # (b, nc, c, dv); no copy when the inputs are fp32
         states = None
-        if nc > 1:
+        if nc > 1:  # states: (b, nc-1, m, dv), summed in acc, cast once to the matmuls' dtype
             states = running_sum_((gc[:, :-1].transpose(-1, -2) @ vc[:, :-1]).to(acc))
-            _add_bmm_(out[:, 1:], fc[:, 1:], states)  # states: (b, nc-1, m, dv)
+            states = states.to(f.dtype)
+            _add_bmm_(out[:, 1:], fc[:, 1:], states)
         ctx.save_for_backward(f, g, v, scores, states)
-        ctx.c = c
+        ctx.c, ctx.acc = c, acc
         return out.view(b, n, dv)
 
     @staticmethod
@@ -90,8 +92,8 @@ class ChunkedAttention(torch.autograd.Function):
         grad_v = scores.transpose(-1, -2) @ d
         if nc > 1:
             _add_bmm_(grad_f[:, 1:], d[:, 1:], states.transpose(-1, -2))
-            later = running_sum_((fc[:, 1:].transpose(-1, -2) @ d[:, 1:]).to(states.dtype),
-                                 reverse=True)
+            later = running_sum_((fc[:, 1:].transpose(-1, -2) @ d[:, 1:]).to(ctx.acc),
+                                 reverse=True).to(f.dtype)  # summed in acc, cast once
             _add_bmm_(grad_g[:, :-1], vc[:, :-1], later.transpose(-1, -2))
             _add_bmm_(grad_v[:, :-1], gc[:, :-1], later)
         return grad_f.view(b, n, m), grad_g.view(b, n, m), grad_v.view(b, n, dv), None
