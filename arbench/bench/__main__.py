@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nfp32 matmul: {result['matmul']['median']:.1f} GFLOP/s")
     if result["matmul_bf16"]:
         print(f"bf16 matmul: {result['matmul_bf16']['median']:.1f} GFLOP/s")
+    print("in the layer timings' rounds (the fractions' reference): " + ", ".join(
+        f"{name} {r['median']:.1f} GFLOP/s" for name, r in result["matmul_interleaved"].items()))
     print("\n".join(summary_lines(result)))
     return result
 

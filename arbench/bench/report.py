@@ -112,6 +112,7 @@ def _header_section(result: dict) -> list[str]:
              f"- fp32 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
              f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f})",
              *_bf16_matmul_line(result),
+             *_interleaved_line(result),
              f"- chunk size used: **{chunk['chosen']}**"
              + (f" (smallest forward+backward total of {' + '.join(chunk['methods'])} at "
                 f"n={chunk['n']})" if chunk["table"] else " (given)"), ""]
@@ -154,6 +155,18 @@ def _bf16_matmul_line(result: dict) -> list[str]:
     return [f"- bf16 matmul reference ({mm['size']}×{mm['size']}, median of {mm['repeats']}): "
             f"**{mm['median']:.1f} GFLOP/s** (min {mm['min']:.1f}, max {mm['max']:.1f}; "
             f"{mm['median'] / result['matmul']['median']:.2g}× fp32; {native})"]
+
+
+def _interleaved_line(result: dict) -> list[str]:
+    """The matmul references timed in the layer timings' rounds: the fractions' denominators."""
+    refs = result.get("matmul_interleaved")
+    if not refs:
+        return []
+    parts = [f"{name} **{r['median']:.1f} GFLOP/s** (min {r['min']:.1f}, max {r['max']:.1f})"
+             for name, r in refs.items()]
+    return [f"- the same matmuls timed once in every round of the layer timings, median of "
+            f"{next(iter(refs.values()))['samples']}: {'; '.join(parts)}: every fraction of "
+            f"the matmul reference below is of these"]
 
 
 def _load_line(meta: dict) -> str:

@@ -8,7 +8,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -30,13 +30,25 @@ from arbench.bench.layers import (
 from arbench.bench.memory import MiB, measure_memory
 from arbench.bench.report import write_outputs
 from arbench.bench.targets import target_checks
-from arbench.bench.timing import Case, matmul_throughput, round_robin, summary, warm_up
+from arbench.bench.timing import (
+    Case,
+    case_throughput,
+    matmul_case,
+    matmul_throughput,
+    round_robin,
+    summary,
+    warm_up,
+)
 from arbench.bench.training import measure_training
 from arbench.kernels import block_rows, cp_block_rows, fla_backend, keep_heap
 from arbench.machine import cpu_name
 from arbench.precision import native_bf16
 
 Log = Callable[[str], None]
+
+REFERENCE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
+"""The matmul references' dtypes (:func:`~arbench.bench.timing.matmul_case` keys) by the names
+the rows' ``peaks_gflops`` use."""
 
 
 def _print(msg: str) -> None:
@@ -163,9 +175,15 @@ def check_twins(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: l
 
 
 def time_layers(cfg: BenchConfig, layers: dict[str, torch.nn.Module], methods: list[Method],
-                log: Log) -> dict[tuple[str, int, str], Case]:
-    """Warm up, then time every (method, n, pass): ``cfg.repeats`` interleaved rounds."""
+                log: Log, references: Sequence[Case] = ()) -> dict[tuple[str, int, str], Case]:
+    """Warm up, then time every (method, n, pass): ``cfg.repeats`` interleaved rounds; the
+    ``references`` (:func:`~arbench.bench.timing.matmul_case`) run once in every round too,
+    as a group of their own."""
     groups = []
+    if references:
+        for case in references:
+            warm_up(case, cfg.device, cfg.min_sample_s)
+        groups.append(list(references))
     for n in cfg.seq_lens:
         inputs = make_inputs(cfg, n)
         for pass_ in PASSES:
@@ -260,7 +278,15 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
         forms = check_forms(cfg, layers, methods, chunk["chosen"])
         compiled = check_twins(cfg, layers, methods, "_compiled")
         bf16_check = check_twins(cfg, layers, methods, "_bf16")
-        cases = time_layers(cfg, layers, methods, log)
+        references = [matmul_case(cfg.device, cfg.matmul_size, cfg.seed, dtype)
+                      for dtype in (torch.float32, *((torch.bfloat16,) if cfg.bf16 else ()))]
+        cases = time_layers(cfg, layers, methods, log, references)
+        interleaved = {REFERENCE_NAMES[case.key[1]]: case_throughput(case, cfg.matmul_size)
+                       for case in references}
+        peaks = {"fp32": interleaved["fp32"]["median"],
+                 "bf16": interleaved["bf16"]["median"] if "bf16" in interleaved else math.nan}
+        log("matmul reference interleaved with the layer timings: " + ", ".join(
+            f"{name} {r['median']:.1f} GFLOP/s" for name, r in interleaved.items()))
         memory = measure_memory(cfg, chunk["chosen"]) if cfg.memory else None
         if memory:
             log(f"memory measured ({memory['method']})")
@@ -269,6 +295,7 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
                                  bf16=bool(cfg.bf16)) if cfg.train else []
     result = {"meta": {**machine_info(cfg.device), "command": command, "heap_kept": heap_kept},
               "config": config_to_dict(cfg), "matmul": matmul, "matmul_bf16": matmul_bf16,
+              "matmul_interleaved": interleaved,
               "native_bf16": native_bf16(cfg.device), "chunk": chunk, "cp_blocks": blocks,
               "forms": forms, "compiled_check": compiled, "bf16_check": bf16_check,
               "rows": layer_rows(cfg, layers, methods, cases, peaks, memory),

@@ -204,8 +204,14 @@ def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
     assert mm["median"] > 0 and isinstance(result["native_bf16"], bool)
     twin = [r for r in result["rows"] if r["method"] == "llops_p2_t1_bf16"]
     assert twin and all(r["bf16"] and r["status"] == "ok" for r in twin)
-    for r in twin:  # bf16 rows are read against the bf16 reference
-        assert r["frac_peak"] == pytest.approx(r["gflops"] / mm["median"])
+    # every row is read against its dtype's matmul reference as timed in the same rounds
+    refs = result["matmul_interleaved"]
+    assert set(refs) == {"fp32", "bf16"}
+    assert all(r["samples"] == cfg.repeats and r["median"] > 0 for r in refs.values())
+    for r in twin:
+        assert r["frac_peak"] == pytest.approx(r["gflops"] / refs["bf16"]["median"])
+    fp32_row = next(r for r in result["rows"] if r["method"] == "llops_p2_t1")
+    assert fp32_row["frac_peak"] == pytest.approx(fp32_row["gflops"] / refs["fp32"]["median"])
     assert result["bf16_check"][0]["rel_err"] < 0.05  # bf16 vs fp32 forward, same weights
     heads = {(r["spec"], r["head"]) for r in result["train"]}
     assert {(size, head) for size in ("cpu", "p4", "long")
@@ -219,6 +225,7 @@ def test_bf16_twins_with_their_own_matmul_reference(tmp_path):
     assert "LLoPS layer forward+backward at n = 4096 in bf16: ≥ 40% of bf16 matmul FLOP/s" in checks
     md = (tmp_path / "bench.md").read_text()
     assert "bf16 matmul reference" in md and "## bf16 autocast" in md
+    assert "timed once in every round of the layer timings" in md
 
 
 def test_bf16_conv_fp32_head_keeps_the_conv_layer_in_fp32():
