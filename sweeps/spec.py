@@ -30,6 +30,7 @@ A spec::
     plots:                             # accuracy against an hparam, one line per series
       - {x: p, series: feature_map, name: acc_vs_p}
       - {x: step, name: learning_curves}   # val/acc against step at each point's best lr
+      - {x: step, y: train_loss, name: loss_curves}   # their training loss, smoothed
       - {x: state_size, series: mixers, marker_by: method}   # unjoined points, a shape per method
       - {x: state_size, y: L1024_N256, marker_by: method}  # y: one slice's accuracy
 
@@ -233,6 +234,10 @@ def _check_grid(grid: Any) -> dict[str, list[Any]]:
 
 PLOT_KEYS = {"x", "y", "series", "name", "xscale", "where", "title", "marker_by"}
 
+TRAIN_LOSS = "train_loss"
+"""The ``y`` of a ``x: step`` plot that draws training-loss curves instead of the objective
+(:mod:`sweeps.report.loss`)."""
+
 
 def _check_plots(value: Any) -> list[dict[str, Any]]:
     """Each plot: a mapping with ``x`` and only :data:`PLOT_KEYS`; ``where`` a mapping."""
@@ -247,6 +252,9 @@ def _check_plots(value: Any) -> list[dict[str, Any]]:
         if unknown:
             raise SpecError(f"plots[{i}]: unknown key(s) {', '.join(unknown)} "
                             f"(allowed: {', '.join(sorted(PLOT_KEYS))})")
+        if plot["x"] == "step" and plot.get("y", TRAIN_LOSS) != TRAIN_LOSS:
+            raise SpecError(f"plots[{i}]: a plot against step draws the objective (no y:) or "
+                            f"the training loss (y: {TRAIN_LOSS}), not y: {plot['y']}")
         if plot.get("marker_by", "method") != "method":
             raise SpecError(f"plots[{i}].marker_by must be method (a marker shape per method)")
         if not isinstance(plot.get("where", {}), dict):

@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.report.labels import label, matches_all, variant_name
+from sweeps.report.loss import smoothed_loss_curves
+from sweeps.spec import TRAIN_LOSS
+
+LOSS_WINDOW = 10
+"""Logged training losses per trailing mean in a loss-curve plot (250 steps at the profiles'
+``log_every_n_steps`` of 25)."""
 
 
 def mean_curve(curves: list[list]) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -77,29 +83,42 @@ def write_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> 
 def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
     """Validation accuracy (the study's objective, each row's ``curve_metric``) against
     training step (``x: step``): one line per row (a point at its best lr), the mean over its
-    seeds with their range shaded."""
+    seeds with their range shaded. ``y: train_loss``: the training loss instead, each run's
+    read from its event files and smoothed over :data:`LOSS_WINDOW` logged values
+    (:mod:`sweeps.report.loss`); a row none of whose runs has one is left out."""
     import matplotlib  # here: keeps matplotlib out of CLI start-up
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    loss = plot.get("y") == TRAIN_LOSS
+    scale = 1.0 if loss else 100.0
     where = plot.get("where") or {}
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in table:
         if not matches_all(r["hparams"], where):
             continue
-        steps, mean, lo, hi = mean_curve(r["curves"])
+        curves = smoothed_loss_curves(r.get("log_dirs", []), LOSS_WINDOW) if loss \
+            else r["curves"]
+        steps, mean, lo, hi = mean_curve(curves)
         if not steps:
             continue
-        line, = ax.plot(steps, [100 * v for v in mean], marker=".",
+        line, = ax.plot(steps, [scale * v for v in mean], marker="" if loss else ".",
                         label=f"{label(r['hparams'])} "
-                              f"(lr {r['best_lr']:g}, n={r['n']})")
-        ax.fill_between(steps, [100 * v for v in lo], [100 * v for v in hi], alpha=0.15,
+                              f"(lr {r['best_lr']:g}, n={len(curves)})")
+        ax.fill_between(steps, [scale * v for v in lo], [scale * v for v in hi], alpha=0.15,
                         color=line.get_color())
-    metric = next((r["curve_metric"] for r in table if r.get("curve_metric")), "val/acc")
-    return finish_plot(fig, ax, "training step", f"{metric} % (mean over seeds; range shaded)",
-                       plot.get("title", "learning curves at each point's best lr"),
-                       out / f"{plot.get('name', 'learning_curves')}.png", legend_size=7)
+    if loss:
+        ax.set_yscale("log")  # the late differences between arms are at losses near 0.05
+        y_text = f"training loss, nats (trailing mean of {LOSS_WINDOW} logged)"
+        title, name = "training loss, mean over seeds (range shaded)", \
+            "loss_curves"
+    else:
+        metric = next((r["curve_metric"] for r in table if r.get("curve_metric")), "val/acc")
+        y_text = f"{metric} % (mean over seeds; range shaded)"
+        title, name = "learning curves at each point's best lr", "learning_curves"
+    return finish_plot(fig, ax, "training step", y_text, plot.get("title", title),
+                       out / f"{plot.get('name', name)}.png", legend_size=7)
 
 
 def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -> Path:
