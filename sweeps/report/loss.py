@@ -38,9 +38,8 @@ def loss_curve(log_dir: str | Path | None) -> list[tuple[int, float]]:
     trained on another machine, or before its loss was logged)."""
     if not log_dir or not Path(log_dir).is_dir():
         return []
-    from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415
-        EventAccumulator,  # here: keeps tensorboard out of the reports that plot no loss
-    )
+    # here: keeps tensorboard out of the reports that plot no loss
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     by_step: dict[int, float] = {}
     for part in run_parts(log_dir):
