@@ -46,10 +46,6 @@ from arbench.precision import native_bf16
 
 Log = Callable[[str], None]
 
-REFERENCE_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
-"""The matmul references' dtypes (:func:`~arbench.bench.timing.matmul_case` keys) by the names
-the rows' ``peaks_gflops`` use."""
-
 
 def _print(msg: str) -> None:
     print(msg, flush=True)
@@ -261,8 +257,7 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
     log(f"device {cfg.device}, {torch.get_num_threads()} threads, methods: "
         f"{', '.join(m.name for m in methods)}")
     matmul = matmul_throughput(cfg.device, cfg.matmul_size, cfg.matmul_repeats, cfg.seed)
-    peak = matmul["median"]
-    log(f"fp32 matmul {cfg.matmul_size}^2: {peak:.1f} GFLOP/s "
+    log(f"fp32 matmul {cfg.matmul_size}^2: {matmul['median']:.1f} GFLOP/s "
         f"(min {matmul['min']:.1f}, max {matmul['max']:.1f})")
     matmul_bf16 = None
     if cfg.bf16:
@@ -270,7 +265,6 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
                                         cfg.seed, torch.bfloat16)
         log(f"bf16 matmul {cfg.matmul_size}^2: {matmul_bf16['median']:.1f} GFLOP/s "
             f"(native bf16: {native_bf16(cfg.device)})")
-    peaks = {"fp32": peak, "bf16": matmul_bf16["median"] if matmul_bf16 else math.nan}
     blocks = tune_cp_block_rows(cfg, methods, log)  # tuned in fp32; bf16 twins keep their own
     with cp_block_rows(blocks["chosen"], low_precision=block_rows(torch.bfloat16)):
         chunk = tune_chunk_size(cfg, methods, log)
@@ -278,11 +272,12 @@ def run_benchmark(cfg: BenchConfig, log: Log = _print, command: str = "") -> dic
         forms = check_forms(cfg, layers, methods, chunk["chosen"])
         compiled = check_twins(cfg, layers, methods, "_compiled")
         bf16_check = check_twins(cfg, layers, methods, "_bf16")
-        references = [matmul_case(cfg.device, cfg.matmul_size, cfg.seed, dtype)
-                      for dtype in (torch.float32, *((torch.bfloat16,) if cfg.bf16 else ()))]
-        cases = time_layers(cfg, layers, methods, log, references)
-        interleaved = {REFERENCE_NAMES[case.key[1]]: case_throughput(case, cfg.matmul_size)
-                       for case in references}
+        dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if cfg.bf16 else {})}
+        references = {name: matmul_case(cfg.device, cfg.matmul_size, cfg.seed, dtype, name)
+                      for name, dtype in dtypes.items()}
+        cases = time_layers(cfg, layers, methods, log, list(references.values()))
+        interleaved = {name: case_throughput(case, cfg.matmul_size)
+                       for name, case in references.items()}
         peaks = {"fp32": interleaved["fp32"]["median"],
                  "bf16": interleaved["bf16"]["median"] if "bf16" in interleaved else math.nan}
         log("matmul reference interleaved with the layer timings: " + ", ".join(

@@ -62,44 +62,31 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
 
 
-def _matmul_operands(device: str, size: int, seed: int,
-                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two seeded ``size × size`` normal matrices in ``dtype`` on ``device``."""
+def matmul_case(device: str, size: int, seed: int = 0, dtype: torch.dtype = torch.float32,
+                name: str = "") -> Case:
+    """A ``size × size`` matmul of two seeded normal matrices in ``dtype`` as a :class:`Case`
+    (key ``("matmul", name)``): the matmul reference, timed alone (:func:`matmul_throughput`)
+    or in the same interleaved rounds as the cases it is the reference of, so that both see the
+    same machine."""
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(size, size, generator=gen).to(device, dtype)
     b = torch.randn(size, size, generator=gen).to(device, dtype)
-    return a, b
+    return Case(("matmul", name), lambda: torch.mm(a, b))
+
+
+def case_throughput(case: Case, size: int) -> dict[str, float]:
+    """GFLOP/s (median, min, max over its samples; ``2·size³`` FLOPs a call) of a
+    :func:`matmul_case` that has been timed; ``samples`` is how many."""
+    rates = [2.0 * size ** 3 / t / 1e9 for t in case.samples]
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
+            "size": size, "samples": len(rates)}
 
 
 def matmul_throughput(device: str, size: int, repeats: int, seed: int = 0,
                       dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """Throughput of ``size × size`` matmuls in ``dtype`` (GFLOP/s: median, min, max over
-    ``repeats``).
-
-    Each product is ``2·size³`` FLOPs; the first two products are warm-up.
-    """
-    a, b = _matmul_operands(device, size, seed, dtype)
-    fn = lambda: torch.mm(a, b)  # noqa: E731
-    fn(), fn()
-    times = [time_call(fn, device) for _ in range(repeats)]
-    flops = 2.0 * size ** 3
-    rates = [flops / t / 1e9 for t in times]
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "size": size, "repeats": repeats}
-
-
-def matmul_case(device: str, size: int, seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> Case:
-    """The ``size × size`` matmul of :func:`matmul_throughput` as a :class:`Case` (key
-    ``("matmul", "float32")`` or ``("matmul", "bfloat16")``), to time in the same interleaved
-    rounds as the cases it is the reference of, so that both see the same machine."""
-    a, b = _matmul_operands(device, size, seed, dtype)
-    return Case(("matmul", str(dtype).removeprefix("torch.")), lambda: torch.mm(a, b))
-
-
-def case_throughput(case: Case, size: int) -> dict[str, float]:
-    """GFLOP/s (median, min, max over its samples) of a :func:`matmul_case` that has been
-    timed; ``samples`` is how many."""
-    rates = [2.0 * size ** 3 / t / 1e9 for t in case.samples]
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "size": size, "samples": len(rates)}
+    ``repeats``, :func:`case_throughput`), timed alone; the first two products are warm-up."""
+    case = matmul_case(device, size, seed, dtype)
+    case.fn(), case.fn()
+    case.samples = [time_call(case.fn, device) for _ in range(repeats)]
+    return {**case_throughput(case, size), "repeats": repeats}
