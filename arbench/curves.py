@@ -52,6 +52,27 @@ def smoothed(losses: Curve, window: int = SMOOTH_STEPS) -> list[tuple[int, float
     return out
 
 
+def block_means(values: Curve, block: int = SMOOTH_STEPS,
+                digits: int = 4) -> list[tuple[int, float]]:
+    """Means of ``values`` over consecutive blocks of ``block`` training steps (steps 1…block,
+    block+1…2·block, …), each at the block's last step seen, rounded to ``digits`` significant
+    digits: the compact training-loss curve a run's ``summary.json`` and its sweep record keep
+    (one point per ``block`` steps, the density of the profiles' logged loss)."""
+    out: list[tuple[int, float]] = []
+    current, total, count, last = None, 0.0, 0, 0
+    for step, value in values:
+        index = (int(step) - 1) // block if step > 0 else 0
+        if current is not None and index != current and count:
+            out.append((last, float(f"{total / count:.{digits}g}")))
+            total, count = 0.0, 0
+        current, last = index, int(step)
+        total += value
+        count += 1
+    if count:
+        out.append((last, float(f"{total / count:.{digits}g}")))
+    return out
+
+
 def collapse_step(losses: Curve, window: int = SMOOTH_STEPS,
                   chance: float | None = None) -> int | None:
     """The step at which a training-loss curve collapsed (see the module docstring), or None.
@@ -69,5 +90,5 @@ def collapse_step(losses: Curve, window: int = SMOOTH_STEPS,
     return None
 
 
-__all__ = ["COLLAPSE_HIGH", "COLLAPSE_LOW", "CONVERGED_RISE", "SMOOTH_STEPS", "collapse_step",
-           "is_converged", "smoothed"]
+__all__ = ["COLLAPSE_HIGH", "COLLAPSE_LOW", "CONVERGED_RISE", "SMOOTH_STEPS", "block_means",
+           "collapse_step", "is_converged", "smoothed"]

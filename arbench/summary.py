@@ -13,7 +13,10 @@ crash never leaves it torn. The best and last validations and the wall time so f
 checkpoint, so a run resumed after a kill reports over all its validations, including those
 before the kill. So do the val/acc and training-loss curves behind the ``converged`` and
 ``collapsed_at`` verdicts (:mod:`arbench.curves`), and the ``val/example_acc`` curve
-(``example_curve``, for the sweep reports of studies judged by zoology's metric).
+(``example_curve``, for the sweep reports of studies judged by zoology's metric). The file
+keeps the training loss as means over blocks of 25 steps (``loss_curve``,
+:func:`arbench.curves.block_means`), so a sweep record carries it to another machine, where the
+run's TensorBoard files are not.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from arbench.curves import collapse_step, is_converged
+from arbench.curves import block_means, collapse_step, is_converged
 from arbench.files import atomic_write
 from arbench.machine import device_name
 from arbench.objective import EXAMPLE_ACC
@@ -165,6 +168,7 @@ class RunSummary(Callback):
             "collapsed_at": self.collapsed_at(pl_module),
             "val_curve": [list(p) for p in self.val_curve],
             "example_curve": [list(p) for p in self.example_curve],
+            "loss_curve": [list(p) for p in block_means(self.loss_curve)],
             "wall_time_s": self.wall_time_s(),
             "hparams": hp,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,

@@ -104,7 +104,7 @@ def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
     if summary.is_file():
         saved = json.loads(summary.read_text())
         for key in ("hparams", "slices", "device", "collapsed_at", "example_acc",
-                    "example_slices"):
+                    "example_slices", "loss_curve"):
             trial.set_user_attr(key, saved.get(key))
 
 
@@ -179,7 +179,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     value = summary_value(summary, spec.metric)
     for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
                 "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device",
-                "example_acc", "last_example_acc", "example_slices", "example_curve"):
+                "example_acc", "last_example_acc", "example_slices", "example_curve",
+                "loss_curve"):
         trial.set_user_attr(key, summary.get(key))
     trial.set_user_attr("val_acc", summary["val_acc"])
     trial.set_user_attr("state_size", summary["hparams"].get("state_size"))

@@ -2,7 +2,7 @@
 
 import math
 
-from arbench.curves import collapse_step, is_converged, smoothed
+from arbench.curves import block_means, collapse_step, is_converged, smoothed
 
 
 def val(steps, accs):
@@ -56,3 +56,10 @@ def test_a_warm_start_is_judged_against_guessing_not_its_first_loss():
     back = [0.006] * 50 + [0.0005] * 200 + [5.6] * 200  # back to guessing
     assert collapse_step(loss_curve(back), chance=start) is not None
 
+
+
+def test_block_means_average_each_block_of_steps_at_its_last_step():
+    losses = [(step, float(step)) for step in range(1, 61)]  # steps 1..60
+    assert block_means(losses, 25) == [(25, 13.0), (50, 38.0), (60, 55.5)]
+    assert block_means([(1, 2.0 / 3.0)], 25, digits=3) == [(1, 0.667)]
+    assert block_means([]) == []

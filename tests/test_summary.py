@@ -23,7 +23,8 @@ def test_resumed_run_keeps_the_validations_before_the_kill(in_tmp):
     # trains nothing and validates nothing, and must still report the same result.
     fit(6, "--ckpt_path", "last")
     again = summary(in_tmp, 1)
-    for key in ("val_acc", "last_val_acc", "best_step", "slices", "val_curve", "example_curve"):
+    for key in ("val_acc", "last_val_acc", "best_step", "slices", "val_curve", "example_curve",
+                "loss_curve"):
         assert again[key] == first[key], key
     assert [s for s, _ in first["example_curve"]] == [s for s, _ in first["val_curve"]] == [3, 6]
     assert max(v for _, v in first["example_curve"]) == first["example_acc"]
@@ -32,6 +33,9 @@ def test_resumed_run_keeps_the_validations_before_the_kill(in_tmp):
     longer = summary(in_tmp, 2)
     assert longer["val_acc"] >= first["val_acc"] and longer["global_step"] == 9
     assert [s for s, _ in longer["example_curve"]] == [3, 6, 9]  # the curve survives the resume
+    # the training loss: one block of the 25-step means, its first 6 steps from before the kill
+    assert [s for s, _ in first["loss_curve"]] == [6] and [s for s, _ in longer["loss_curve"]] == [9]
+    assert longer["loss_curve"][0][1] != first["loss_curve"][0][1]
     if longer["best_step"] != 9.0:
         assert longer["val_acc"] == first["val_acc"]
 

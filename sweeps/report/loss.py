@@ -1,4 +1,9 @@
-"""A run's training-loss curve, read back from its TensorBoard event files.
+"""A run's training-loss curve: the one its sweep record carries, else read back from its
+TensorBoard event files.
+
+Runs recorded since 2026-12-06 (evening) keep their training loss in ``summary.json`` and the
+sweep record as means over blocks of 25 steps (``loss_curve``): that copy travels with the
+study's archive, while the event files stay on the machine that trained the run.
 
 Runs log ``train/loss`` every ``trainer.log_every_n_steps`` steps (:mod:`arbench.lit`). A run
 that was stopped and resumed from its checkpoint logs each part into its own ``version_<k>``
@@ -50,10 +55,23 @@ def loss_curve(log_dir: str | Path | None) -> list[tuple[int, float]]:
     return sorted(by_step.items())
 
 
-def smoothed_loss_curves(log_dirs: list[str | None], window: int) -> list[Curve]:
-    """Each run's loss curve (:func:`loss_curve`), smoothed by trailing means over ``window``
-    logged values (:func:`arbench.curves.smoothed`); runs without one are left out."""
-    return [smoothed(curve, window) for curve in map(loss_curve, log_dirs) if curve]
+def run_loss_curve(recorded: Curve | None, log_dir: str | Path | None) -> list[tuple[int, float]]:
+    """A run's training-loss curve: ``recorded`` (its record's block means) when it has one,
+    else its event files' (:func:`loss_curve`)."""
+    if recorded:
+        return [(int(step), float(value)) for step, value in recorded]
+    return loss_curve(log_dir)
 
 
-__all__ = ["LOSS_TAG", "loss_curve", "run_parts", "smoothed_loss_curves"]
+def smoothed_loss_curves(log_dirs: list[str | None], window: int,
+                         recorded: list[Curve | None] | None = None) -> list[Curve]:
+    """Each run's loss curve (:func:`run_loss_curve`; ``recorded[i]`` goes with
+    ``log_dirs[i]``), smoothed by trailing means over ``window`` logged values
+    (:func:`arbench.curves.smoothed`); runs without one are left out."""
+    recorded = list(recorded or [])
+    recorded += [None] * (len(log_dirs) - len(recorded))
+    curves = (run_loss_curve(r, d) for r, d in zip(recorded, log_dirs, strict=True))
+    return [smoothed(curve, window) for curve in curves if curve]
+
+
+__all__ = ["LOSS_TAG", "loss_curve", "run_loss_curve", "run_parts", "smoothed_loss_curves"]

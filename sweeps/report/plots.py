@@ -84,8 +84,9 @@ def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -
     """Validation accuracy (the study's objective, each row's ``curve_metric``) against
     training step (``x: step``): one line per row (a point at its best lr), the mean over its
     seeds with their range shaded. ``y: train_loss``: the training loss instead, each run's
-    read from its event files and smoothed over :data:`LOSS_WINDOW` logged values
-    (:mod:`sweeps.report.loss`); a row none of whose runs has one is left out."""
+    from its record (or, for a run recorded before records kept it, its event files),
+    smoothed over :data:`LOSS_WINDOW` logged values (:mod:`sweeps.report.loss`); a row none of
+    whose runs has one is left out."""
     import matplotlib  # here: keeps matplotlib out of CLI start-up
 
     matplotlib.use("Agg")
@@ -98,8 +99,8 @@ def write_curves(table: list[dict[str, Any]], plot: dict[str, Any], out: Path) -
     for r in table:
         if not matches_all(r["hparams"], where):
             continue
-        curves = smoothed_loss_curves(r.get("log_dirs", []), LOSS_WINDOW) if loss \
-            else r["curves"]
+        curves = smoothed_loss_curves(r.get("log_dirs", []), LOSS_WINDOW,
+                                      r.get("loss_curves")) if loss else r["curves"]
         steps, mean, lo, hi = mean_curve(curves)
         if not steps:
             continue

@@ -80,6 +80,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
                             for t in at_best},
             "curves": [objective_curve(t, metric) for t in at_best], "curve_metric": metric,
             "log_dirs": [t.user_attrs.get("log_dir") for t in at_best],
+            "loss_curves": [t.user_attrs.get("loss_curve") for t in at_best],
             "slices": {k: statistics.fmean(v) for k, v in sorted(slices.items())},
             "slice_values": {k: list(v) for k, v in sorted(slices.items())},
             "example_acc": examples, "token_acc": tokens,

@@ -56,3 +56,17 @@ def test_a_plot_against_step_takes_no_other_y():
     assert _check_plots([{"x": "step", "y": "train_loss"}, {"x": "step"}])
     with pytest.raises(SpecError, match="not y: L64_N8"):
         _check_plots([{"x": "step", "y": "L64_N8"}])
+
+
+def test_a_recorded_curve_stands_in_for_missing_event_files(tmp_path):
+    """A run trained on another machine keeps its curve in its record; the event files of a
+    run without one are still read."""
+    folder = tmp_path / "here" / "version_0"
+    log_losses(folder, {0: 6.0, 25: 5.0})
+    recorded = [[25, 4.0], [50, 2.0]]
+    curves = smoothed_loss_curves([str(tmp_path / "gone"), str(folder), None], 1,
+                                  [recorded, None, None])
+    assert curves == [[(25, 4.0), (50, 2.0)], [(0, 6.0), (25, 5.0)]]
+    row = {"hparams": {"feature_map": "Based"}, "best_lr": 1e-3, "n": 1, "curves": [],
+           "log_dirs": [str(tmp_path / "gone")], "loss_curves": [recorded]}
+    assert write_plot([row], {"x": "step", "y": "train_loss"}, tmp_path).stat().st_size > 1000

@@ -114,6 +114,9 @@ def test_kill_and_resume_runs_every_point_exactly_once(tmp_path):
     again = [t for t in trials if t.number == first.number][0]
     assert again.state == optuna.trial.TrialState.COMPLETE
     assert again.datetime_complete == first.datetime_complete  # never rerun
+    # a completed run's record carries its training loss (block means) to other machines
+    assert all(t.user_attrs["loss_curve"][-1][0] == t.user_attrs["global_step"]
+               for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
 
 
 def test_a_resumed_point_does_not_warn_that_its_checkpoint_folder_is_used(tmp_path):
@@ -225,6 +228,7 @@ def test_pruned_trials_are_recorded_and_the_sweep_goes_on(tmp_path):
         assert t.user_attrs["val_curve"] == [[3, t.intermediate_values[3]]]
         assert t.user_attrs["global_step"] == 3 and t.user_attrs["wall_time_s"] > 0
         assert t.user_attrs["hparams"]["feature_map"] == "LLoPS"
+        assert [s for s, _ in t.user_attrs["loss_curve"]] == [3]  # the loss travels too
     out = sweep("report", str(spec), "--storage", url, "--out", str(tmp_path / "res"),
                 cwd=tmp_path)
     assert out.returncode == 0, out.stderr
