@@ -10,6 +10,9 @@ number), so a commit of a grown archive is a diff of added lines:
   "distributions": {...}, "user_attrs": {...}, "system_attrs": {...},
   "intermediate_values": [[step, value], ...], "datetime_start": iso, "datetime_complete": iso}``
 
+A finished trial recorded before runs kept their training loss in the record (``loss_curve``,
+:mod:`sweeps.report.loss`) is archived with the one its TensorBoard event files hold, when they
+are on the saving machine (``loss_curve_from: "event files"``): they stay behind with it.
 A trial that was running or waiting when saved is archived as WAITING: its process and its
 ``last.ckpt`` stay behind with the machine, so a restored sweep queues it again from the start,
 without the rung values the pruner had recorded for it (``sweeps.retry``): it is judged again
@@ -34,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from arbench.files import atomic_write
 from sweeps.archive_check import check_archive
+from sweeps.report.loss import loss_curve
 from sweeps.retry import without_rungs
 from sweeps.storage import StorageError
 from sweeps.trials import UNFINISHED, is_lock_study
@@ -56,11 +60,23 @@ def trial_record(study: str, t: FrozenTrial) -> dict[str, Any]:
             "values": archived_values(t.state, t.values), "params": t.params,
             "distributions": {k: json.loads(distribution_to_json(d))
                               for k, d in t.distributions.items()},
-            "user_attrs": t.user_attrs,
+            "user_attrs": t.user_attrs if waiting else with_loss_curve(t.user_attrs),
             "system_attrs": without_rungs(t.system_attrs) if waiting else t.system_attrs,
             "intermediate_values": [] if waiting else sorted(t.intermediate_values.items()),
             "datetime_start": None if waiting else _time(t.datetime_start),
             "datetime_complete": None if waiting else _time(t.datetime_complete)}
+
+
+def with_loss_curve(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with a ``loss_curve`` read from the run's event files when the record lacks
+    one and the files are here (marked ``loss_curve_from``); else ``attrs`` unchanged."""
+    if attrs.get("loss_curve"):
+        return attrs
+    logged = loss_curve(attrs.get("log_dir"))
+    if not logged:
+        return attrs
+    return {**attrs, "loss_curve": [[step, float(f"{value:.4g}")] for step, value in logged],
+            "loss_curve_from": "event files"}
 
 
 def archived_values(state: TrialState, values: list[float] | None) -> list[float] | None:

@@ -6,6 +6,7 @@ import shutil
 import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
+from test_loss_curves import log_losses
 from test_sweeps import sweep, write_spec
 
 from sweeps.archive import restore, save
@@ -127,3 +128,27 @@ def test_a_failed_trial_with_a_value_restores_without_it(tmp_path):
     assert restore(archive, url) == ({"s": 5}, [])
     failed = optuna.load_study(study_name="s", storage=url).get_trials()[2]
     assert failed.state == TrialState.FAIL and failed.values is None
+
+
+def test_a_run_recorded_without_its_loss_is_archived_with_its_event_files_curve(tmp_path):
+    """Trials recorded before records kept the training loss take the curve their event files
+    hold on the saving machine; a recorded curve is kept as it is; missing files change
+    nothing."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    study = optuna.create_study(study_name="old", storage=url, direction="maximize")
+    run = tmp_path / "runs" / "lr0.003_seed0" / "version_0"
+    log_losses(run, {24: 6.0, 49: 5.123456})
+    for seed, attrs in ((0, {"log_dir": str(run)}),
+                        (1, {"log_dir": str(tmp_path / "gone")}),
+                        (2, {"log_dir": str(run), "loss_curve": [[25, 1.0]]})):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, user_attrs=attrs,
+                                     params={"model.lr": 3e-3, "seed_everything": seed},
+                                     distributions=DISTS))
+    save(url, tmp_path / "archive.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "archive.jsonl").read_text().splitlines()]
+    attrs = [line["user_attrs"] for line in lines[1:]]
+    assert attrs[0]["loss_curve"] == [[24, 6.0], [49, 5.123]]
+    assert attrs[0]["loss_curve_from"] == "event files"
+    assert "loss_curve" not in attrs[1] and attrs[2] == {"log_dir": str(run),
+                                                         "loss_curve": [[25, 1.0]]}
+    assert "loss_curve" not in optuna.load_study(study_name="old", storage=url).trials[0].user_attrs
