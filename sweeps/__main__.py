@@ -1,7 +1,7 @@
 """The command line, ``python -m sweeps``: one command per call, each error one line.
 
 ``python -m sweeps run SPEC [SPEC ...] [--profile P] [--size S] [--storage URL] [--workers N]
-[--trials N] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
+[--trials N] [--until HH:MM] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
 ``python -m sweeps suite SPEC [SPEC ...] [--out results/suite]`` (one grid over several tasks,
 :mod:`sweeps.report.suite`), ``python -m sweeps status``, ``python -m sweeps save|restore
 ARCHIVE`` (:mod:`sweeps.archive`).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import math
 import os
 import signal
@@ -35,6 +36,7 @@ from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
 from sweeps.archive import restore, save
 from sweeps.command import validate_points
 from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
+from sweeps.runtime import parse_until
 from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
 from sweeps.status import count_states, status_lines
@@ -78,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
                                     "spec's, else the model's default size)")
     run.add_argument("--workers", type=int, default=1, help="worker processes on this machine")
     run.add_argument("--trials", type=int, help="stop each worker after this many trials")
+    run.add_argument("--until", metavar="WHEN",
+                     help="start only the queued runs expected to end by then (HH:MM, +90m, "
+                          "+1h30m or an ISO date and time; each run timed by the study's "
+                          "nearest finished runs), then stop: a machine lent until a known time "
+                          "leaves no half-trained run behind")
     run.add_argument("--runs", default="runs", help="root folder of the trials' runs")
     run.add_argument("--threads", type=int, help="torch threads per worker")
     run.add_argument("--retry-failed", action="store_true",
@@ -130,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = [load_spec(args.spec[i], args.profile, args.size) for i in indices]
     if args.widen < 0:
         raise SpecError("--widen needs N >= 0")
+    until = parse_until(args.until).timestamp() if args.until else None
     for spec in specs:
         if (args.retry_failed or args.widen) and spec.sampler != "grid":
             raise SpecError(f"{spec.study}: --retry-failed and --widen need a grid sweep "
@@ -147,15 +155,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     urls = [given or spec.storage for spec in specs]
     storages = [open_storage(url, args.heartbeat, args.grace, lock_timeout=args.lock_timeout)
                 for url in urls]
-    return max(run_spec(spec, storage, args, i, url)
+    return max(run_spec(spec, storage, args, i, url, until)
                for i, spec, storage, url in zip(indices, specs, storages, urls))
 
 
-def start_workers(args: argparse.Namespace, index: int, url: str | None) -> list:
+def start_workers(args: argparse.Namespace, index: int, url: str | None,
+                  until: float | None = None) -> list:
     """The ``--workers`` - 1 other worker processes of spec ``index``: this command's
     arguments (``args.argv``, as :func:`main` got them) less the storage options, the storage
-    URL in ``$ARBENCH_STORAGE`` (:mod:`sweeps.secrets`), so no process list shows it."""
+    URL in ``$ARBENCH_STORAGE`` (:mod:`sweeps.secrets`), so no process list shows it. A
+    deadline goes last as the date and time it stands for, so ``--until +90m`` means the same
+    moment to a spec whose workers start hours later."""
     argv = argv_without_storage(args.argv)
+    if until is not None:  # the last --until given wins
+        argv += ["--until", datetime.datetime.fromtimestamp(until).isoformat(timespec="seconds")]
     children = []
     for i in range(1, args.workers):
         env = {**worker_env(dict(os.environ), url), "ARBENCH_SWEEP_WORKER": f"w{i}",
@@ -165,9 +178,11 @@ def start_workers(args: argparse.Namespace, index: int, url: str | None) -> list
     return children
 
 
-def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | None = None) -> int:
+def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | None = None,
+             until: float | None = None) -> int:
     """Run one spec's sweep (in the parent: queue its grid, start the other workers, widen);
-    returns the exit status. ``url``: the storage's URL, handed to the workers."""
+    returns the exit status. ``url``: the storage's URL, handed to the workers; ``until``:
+    ``--until`` as epoch seconds."""
     # here: keeps torch and Lightning out of the other commands' start-up
     import torch
 
@@ -189,11 +204,11 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
               f"{args.workers} worker(s), {threads} thread(s) each", flush=True)
     ran, codes = 0, []
     while True:
-        children = start_workers(args, index, url) \
+        children = start_workers(args, index, url, until) \
             if worker_id is None and args.workers > 1 else []
         try:
             ran += work(spec, storage, Path(args.runs), worker_id or "w0",
-                        max_trials=args.trials)
+                        max_trials=args.trials, until=until)
         finally:  # the workers report a lost storage themselves; never orphan them
             codes += [c.wait() for c in children]
         if worker_id is not None or not args.widen or args.trials:

@@ -8,15 +8,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeps.trials import (
-    RESULTS,
-    UNFINISHED,
-    Trials,
-    grid_point,
-    is_lock_study,
-    point_values,
-    state_counts,
-)
+from sweeps.runtime import expected_seconds, timed_runs
+from sweeps.trials import UNFINISHED, Trials, is_lock_study, state_counts
 
 
 def count_states(study_name: str, storage: Any) -> dict[str, int]:
@@ -27,28 +20,16 @@ def count_states(study_name: str, storage: Any) -> dict[str, int]:
 
 def run_time_left(trials: Trials) -> str:
     """``~H h of runs left (median run S s)``, in one worker's hours; empty when nothing is
-    queued or nothing has finished. Each queued or running trial counts the median wall time
-    of the finished runs (completed or pruned) nearest to it: those sharing the most of its
-    grid values other than lr and seed. The study's own runs are preferred; a reused run
-    (timed on another machine or load) counts only where it shares more values than any own
-    run. The median run shown is the own runs' (the reused runs' when there are none)."""
+    queued or nothing has finished. Each queued or running trial counts its expected run time
+    (:func:`sweeps.runtime.expected_seconds`: the median of the nearest finished runs). The
+    median run shown is the own runs' (the reused runs' when there are none)."""
     left = [t for t in trials if t.state in UNFINISHED]
-    timed = [(point_values(grid_point(t)), t.user_attrs["wall_time_s"],
-              not t.user_attrs.get("reused_from")) for t in trials
-             if t.state in RESULTS and "wall_time_s" in t.user_attrs]
+    timed = timed_runs(trials)
     if not left or not timed:
         return ""
-    total = 0.0
-    for trial in left:
-        point = point_values(grid_point(trial))
-        shared = [sum(point.get(k) == v for k, v in done.items()) for done, _, _ in timed]
-        nearest = max(shared)
-        near = [(s, own) for (_, s, own), n in zip(timed, shared) if n == nearest]
-        if any(own for _, own in near):
-            near = [(s, own) for s, own in near if own]
-        total += statistics.median(s for s, _ in near)
-    own_times = [s for _, s, own in timed if own]
-    median = statistics.median(own_times or [s for _, s, _ in timed])
+    total = sum(expected_seconds(trial, timed) or 0.0 for trial in left)
+    own_times = [run.seconds for run in timed if run.own]
+    median = statistics.median(own_times or [run.seconds for run in timed])
     return f"  ~{total / 3600:.1f} h of runs left (median run {median:.0f} s)"
 
 

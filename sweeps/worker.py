@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,19 @@ from sweeps.params import point_params, point_problem
 from sweeps.refs import resolve_refs
 from sweeps.retry import checkpoint_progress, replay_curve
 from sweeps.reuse import fill_from, same_experiments
+from sweeps.runtime import expected_seconds, timed_runs
 from sweeps.spec import SweepSpec
 from sweeps.study import load_study
 from sweeps.trials import STARTED
 
 
-def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
+def claim_waiting(study: optuna.Study, storage: RDBStorage,
+                  fits: Callable[[optuna.trial.FrozenTrial], bool] | None = None) -> int | None:
     """Switch a WAITING trial to RUNNING; the storage guarantees one winner. Retries (trials
     with ``failed_trial``: a killed run queued again, or ``--retry-failed``) go first, oldest
     first, since they resume a run already begun from its ``last.ckpt``; then the queue in its
-    order, so a sweep stopped and restarted keeps the order its spec set.
+    order, so a sweep stopped and restarted keeps the order its spec set. ``fits``: only
+    trials it accepts are claimed (a deadline's: those expected to end before it).
 
     The heartbeat is recorded before the claim: Optuna never fails a RUNNING trial that has no
     heartbeat, so a worker killed between claiming and its first beat would block the sweep.
@@ -47,6 +51,8 @@ def claim_waiting(study: optuna.Study, storage: RDBStorage) -> int | None:
     study_id = storage.get_study_id_from_name(study.study_name)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     for frozen in sorted(waiting, key=lambda t: ("failed_trial" not in t.system_attrs, t.number)):
+        if fits is not None and not fits(frozen):
+            continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
         try:
             storage.record_heartbeat(trial_id)
@@ -194,9 +200,32 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     log(f"trial {trial.number} {name}: {spec.metric} {value:.4f} in {spent():.0f} s")
 
 
+class Deadline:
+    """``sweeps run --until``: which queued runs are expected to end before ``until`` (epoch
+    seconds), by :func:`sweeps.runtime.expected_seconds` over the study's finished runs. A run
+    with nothing to time it by (no finished run yet) is started."""
+
+    def __init__(self, until: float, trials: list[optuna.trial.FrozenTrial]) -> None:
+        self.until, self.timed = until, timed_runs(trials)
+
+    def fits(self, trial: optuna.trial.FrozenTrial) -> bool:
+        seconds = expected_seconds(trial, self.timed)
+        return seconds is None or time.time() + seconds <= self.until
+
+    def stop_line(self, waiting: list[optuna.trial.FrozenTrial]) -> str:
+        """Why the worker stops while ``waiting`` is queued."""
+        shortest = min(expected_seconds(t, self.timed) or 0.0 for t in waiting)
+        at = time.strftime("%H:%M", time.localtime(self.until))
+        return (f"stopping before {at}: none of the {len(waiting)} queued run(s) is expected "
+                f"to end by then (the shortest takes ~{shortest / 60:.0f} min by the study's "
+                "finished runs); the same command resumes the sweep")
+
+
 def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
-         poll: float = 2.0, max_trials: int | None = None) -> int:
-    """Run trials until the study has none waiting or running; returns trials run here."""
+         poll: float = 2.0, max_trials: int | None = None, until: float | None = None) -> int:
+    """Run trials until the study has none waiting or running; returns trials run here.
+    ``until`` (epoch seconds): start only the queued runs expected to end by then
+    (:class:`Deadline`), and stop when none is."""
     quiet_sweep_noise()
     quiet_lightning_loggers()
 
@@ -207,9 +236,14 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
     done = 0
     while max_trials is None or done < max_trials:
         fail_stale_trials(study)
+        deadline = None if until is None else Deadline(until, study.get_trials(deepcopy=False))
         if spec.sampler == "grid":
-            trial_id = claim_waiting(study, storage)
+            trial_id = claim_waiting(study, storage, deadline.fits if deadline else None)
             if trial_id is None:
+                waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                if deadline is not None and waiting:
+                    log(deadline.stop_line(waiting))
+                    break
                 if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                     time.sleep(poll)  # another worker's trial may still go stale
                     continue
@@ -218,6 +252,10 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
         else:
             started = study.get_trials(deepcopy=False, states=STARTED)
             if len(started) >= (spec.n_trials or 0):
+                break
+            unsampled = optuna.trial.create_trial(state=TrialState.WAITING)  # timed by every run
+            if deadline is not None and not deadline.fits(unsampled):
+                log(deadline.stop_line([unsampled]))
                 break
             trial = study.ask()
         with Heartbeat(storage, trial._trial_id, storage.get_heartbeat_interval() or 30):
