@@ -51,3 +51,4 @@ class Record:
     polish_steps: int = 0  # full-batch L-BFGS steps after it
     fit_stop: str = ""  # why the fit ended (the polish's rule when it ran)
     grad_norm: float | None = None  # ‖∇L‖₂ of the training loss at the stop
+    machine: str = ""  # the CPU (or GPU) that computed it (arbench.machine); "" before 2026-12-06

@@ -81,10 +81,19 @@ def markdown_table(records: list[Record], metric: str) -> str:
     return "\n".join(lines)
 
 
+def machines_line(records: list[Record]) -> str:
+    """``computed on: <machine> (n rows), …``: where the rows came from (a study resumed on
+    another machine mixes them); "not recorded" for rows from before records named it."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.machine or "not recorded"] = counts.get(r.machine or "not recorded", 0) + 1
+    return "computed on: " + ", ".join(f"{name} ({n} rows)" for name, n in sorted(counts.items()))
+
+
 def write_markdown(records: list[Record], path: Path, notes: list[str]) -> Path:
     """``table.md``: the RMAE table with the paper beside it, then the Frobenius table."""
     parts = ["# Kernel approximation of (q·k)^p: RMAE and the Eckart–Young floor", "",
-             *[f"- {n}" for n in notes], "",
+             *[f"- {n}" for n in [*notes, machines_line(records)]], "",
              f"## {METRICS['rmae']} (held-out pairs; lower is better)", "",
              markdown_table(records, "rmae"), "",
              f"## {METRICS['rel_frobenius']} (held-out pairs)", "",

@@ -31,6 +31,7 @@ from arbench.approx.records import (
 )
 from arbench.approx.target import check_p, monomial_count, poly_kernel
 from arbench.checks import check_int
+from arbench.machine import device_name
 
 Log = Callable[[str], None]
 
@@ -146,7 +147,7 @@ def check_config(config: StudyConfig, qk: QKSet) -> None:
 def _score(p: int, method: str, layer: int, head: int, approx: torch.Tensor, a: torch.Tensor,
            feature_dim: int, seconds: float = 0.0, detail: str = "") -> Record:
     return Record(p, method, layer, head, rmae(approx, a), rel_frobenius(approx, a),
-                  feature_dim, seconds, detail)
+                  feature_dim, seconds, detail, machine=device_name(approx.device))
 
 
 def floor_records(split: Split, p: int, layer: int, head: int,
@@ -155,7 +156,8 @@ def floor_records(split: Split, p: int, layer: int, head: int,
     m = config.m
     a = poly_kernel(split.q_test.double(), split.k_test.double(), p)
     floor = eckart_young(a, m)
-    out = [Record(p, FLOOR, layer, head, floor.rmae, floor.rel_frobenius, m)]
+    out = [Record(p, FLOOR, layer, head, floor.rmae, floor.rel_frobenius, m,
+                  machine=device_name(a.device))]
     explicit = explicit_sketch_kernel(split.q_test, split.k_test, p, m, config.explicit_max_dim)
     if explicit is not None:
         dim = monomial_count(split.q_test.shape[1], p)

@@ -8,6 +8,7 @@ from hostile import hostile_checkpoint
 from arbench.approx.cli import main
 from arbench.approx.extract import extract_from_teacher
 from arbench.approx.qkset import save_qk
+from arbench.machine import device_name
 
 TINY = ["--p", "2", "3", "--m", "8", "--ranks", "1", "2", "--steps", "15", "--lr", "1e-2",
         "--n-train", "64", "--n-test", "32", "--num-seqs", "4", "--seq-len", "32",
@@ -40,6 +41,9 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
         records = list(csv.DictReader(fh))
     assert len(records) == 2 * 2 * len(methods)  # p x layers x rows
     assert (out / "error_vs_rank.png").stat().st_size > 0
+    # every row names the machine that computed it, and table.md says where the rows came from
+    assert {row["machine"] for row in records} == {device_name("cpu")}
+    assert f"- computed on: {device_name('cpu')} ({len(records)} rows)" in text
     starts = {"2-layer MLP": "adam", "Flatten": "adam", "BASED-style": "svd", "LLoPS t=1": "als"}
     for row in records:
         if row["method"] in starts:  # every fit: its start, steps, stop and gradient norm

@@ -51,3 +51,16 @@ def test_other_settings_are_refused_in_one_line(tmp_path, capsys):
     assert main([*TINY, "--ranks", "1", "--steps", "16", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "other settings" in err and "\n" not in err
+
+
+def test_fits_recorded_before_machines_were_named_say_so(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    lines = (out / LEDGER_NAME).read_text().splitlines()
+    old = [lines[0], *(json.dumps({k: v for k, v in json.loads(x).items() if k != "machine"})
+                       for x in lines[1:])]
+    (out / LEDGER_NAME).write_text("\n".join(old) + "\n")
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    text = (out / "table.md").read_text()
+    # the four stored fits name no machine; the floors and data limits, recomputed, do
+    assert "not recorded (4 rows)" in text and "computed on: " in text
