@@ -1,17 +1,23 @@
 """Fitted records kept on disk as they finish, so an interrupted study resumes where it stopped.
 
 ``<out>/records.jsonl``: the first line names the settings that decide a fit's outcome (the
-study configuration, less ``ranks``, ``methods`` and the log interval, and the source of the
-queries and keys); each further line is one fitted :class:`Record`. A rerun with the same
+study configuration, less ``ranks``, ``methods``, the degrees ``ps`` and the log interval, and
+the source of the queries and keys, less its layers and heads where a layer's queries and keys
+do not depend on which others were taken: a teacher's or a saved extraction's); each further
+line is one fitted :class:`Record`, keyed by (layer, head, p, method). A rerun with the same
 settings reuses every record already there and fits only the rest; fits are seeded, so the
-tables match an uninterrupted run. Runs that differ only in ``--ranks`` or ``--methods`` share
-records, so a rank can be added to a finished study without refitting the others.
+tables match an uninterrupted run. Runs that differ only in ``--ranks``, ``--methods``, ``--p``
+or (teacher, saved extraction) ``--layers``/``--heads`` share records: a rank or a degree can be
+added to a finished study without refitting the others, and processes given disjoint layers or
+degrees can fill one folder side by side (each line is appended in one write; the settings line
+is written once, by whichever comes first).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +27,18 @@ LEDGER_NAME = "records.jsonl"
 Key = tuple[int, int, int, str]  # (layer, head, p, method)
 
 
+SELECTION = ("layers", "heads")
+"""The source's keys that say which layers and heads were taken."""
+
+
 def settings(config: StudyConfig, source: dict[str, Any]) -> dict[str, Any]:
-    """What a record depends on, as plain JSON values."""
+    """What a record depends on, as plain JSON values (see the module docstring)."""
     fit = dataclasses.replace(config.fit, log_every=0)
-    study = dataclasses.replace(config, ranks=(), methods=(), fit=fit)
+    study = dataclasses.replace(config, ranks=(), methods=(), ps=(), fit=fit)
+    meta = dict(source.get("meta") or {})
+    if source.get("qk") or meta.get("source") == "teacher":  # synthetic ones are drawn together
+        source = {k: v for k, v in source.items() if k not in SELECTION}
+        source["meta"] = {k: v for k, v in meta.items() if k not in SELECTION}
     return json.loads(json.dumps({"study": repr(study), "source": source}, default=str))
 
 
@@ -70,12 +84,21 @@ class Ledger:
         return self.done.get(k)
 
     def add(self, record: Record) -> None:
-        """Store ``record`` (one line, flushed before returning)."""
+        """Store ``record``: one line, appended in one write (another process may append to
+        the same file); the settings line first when the file is new."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        with self.path.open("a") as fh:
-            if fresh:
-                fh.write(json.dumps({"settings": self.settings}) + "\n")
-            fh.write(json.dumps(dataclasses.asdict(record)) + "\n")
-            fh.flush()
+        if not self.path.exists():  # appears whole, settings line and all, or not at all
+            fresh = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            fresh.write_text(json.dumps({"settings": self.settings}) + "\n")
+            try:
+                os.link(fresh, self.path)
+            except FileExistsError:  # another process created it first
+                pass
+            finally:
+                fresh.unlink()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, (json.dumps(dataclasses.asdict(record)) + "\n").encode())
+        finally:
+            os.close(fd)
         self.done[key(record)] = record

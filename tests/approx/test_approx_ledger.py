@@ -3,6 +3,8 @@ import json
 
 from arbench.approx.cli import main
 from arbench.approx.ledger import LEDGER_NAME
+from arbench.approx.qkset import save_qk
+from arbench.approx.synthetic import synthetic_qk
 
 TINY = ["--synthetic", "--layers", "0", "1", "--head-dim", "4", "--p", "2", "--m", "8",
         "--steps", "15", "--lr", "1e-2", "--n-train", "64", "--n-test", "32", "--num-seqs", "4",
@@ -64,3 +66,38 @@ def test_fits_recorded_before_machines_were_named_say_so(tmp_path, capsys):
     text = (out / "table.md").read_text()
     # the four stored fits name no machine; the floors and data limits, recomputed, do
     assert "not recorded (4 rows)" in text and "computed on: " in text
+
+
+def test_processes_on_separate_layers_and_degrees_fill_one_folder(tmp_path, capsys):
+    """A teacher's (or a saved extraction's) layers do not depend on which others were taken,
+    nor a fit at p on the other degrees: runs on parts of the study share the folder, and the
+    whole study then refits nothing and gives the uninterrupted run's table."""
+    saved = tmp_path / "qk.pt"
+    save_qk(synthetic_qk([0, 1], head_dim=4, num_seqs=4, seq_len=32), saved)
+    parts = tmp_path / "parts"
+    args = [a for a in TINY if a != "--synthetic"]
+    args = args[:args.index("--layers")] + args[args.index("--head-dim"):]
+    args = [*args[:args.index("--p")], *args[args.index("--p") + 2:], "--qk", str(saved),
+            "--ranks", "1"]
+    assert main([*args, "--layers", "1", "--p", "2", "--out", str(parts)]) == 0
+    assert main([*args, "--layers", "0", "--p", "2", "3", "--out", str(parts)]) == 0
+    assert main([*args, "--layers", "1", "--p", "3", "--out", str(parts)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--layers", "0", "1", "--p", "2", "3", "--out", str(parts)]) == 0
+    assert capsys.readouterr().out.count("steps (") == 0  # every fit came from the parts
+    whole = tmp_path / "whole"
+    assert main([*args, "--layers", "0", "1", "--p", "2", "3", "--out", str(whole)]) == 0
+    assert scores(parts) == scores(whole)
+    lines = (parts / LEDGER_NAME).read_text().splitlines()
+    assert sum("settings" in json.loads(x) for x in lines) == 1 and len(lines) == 1 + 2 * 2 * 2
+
+
+def test_synthetic_layers_drawn_together_keep_their_selection(tmp_path, capsys):
+    """Synthetic queries and keys are drawn for the layers asked, together, so another
+    selection is other data: refused."""
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0  # layers 0 and 1
+    capsys.readouterr()
+    others = [*TINY[:TINY.index("--layers") + 1], "0", *TINY[TINY.index("--head-dim"):]]
+    assert main([*others, "--ranks", "1", "--out", str(out)]) == 2
+    assert "other settings" in capsys.readouterr().err
