@@ -12,12 +12,13 @@ from sweeps.spec import SweepSpec
 from sweeps.trials import LR, SEED, VARYING, Trials, run_value
 
 RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged",
-              "collapsed_at", "wall_time_s", "fail_reason", "reused_from")
+              "collapsed_at", "wall_time_s", "device", "fail_reason", "reused_from")
 
 
 def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per trial of the study: its grid values, lr, seed, best and last val/acc,
-    steps, the convergence and collapse verdicts, wall time and state (fail reason)."""
+    steps, the convergence and collapse verdicts, wall time, the device it trained on and
+    state (fail reason)."""
     keys = sorted({k for t in trials for k in t.params if k not in VARYING})
     out = []
     for t in trials:
@@ -33,7 +34,8 @@ def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
                     "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
                     "steps": ua.get("global_step"), "converged": ua.get("converged"),
                     "collapsed_at": ua.get("collapsed_at"), "wall_time_s": ua.get("wall_time_s"),
-                    "fail_reason": ua.get("fail_reason"), "reused_from": ua.get("reused_from")})
+                    "device": ua.get("device"), "fail_reason": ua.get("fail_reason"),
+                    "reused_from": ua.get("reused_from")})
         if any("example_acc" in tr.user_attrs for tr in trials):  # runs since zoology's metric
             out[-1].update(example_acc=ua.get("example_acc"),
                            last_example_acc=ua.get("last_example_acc"))

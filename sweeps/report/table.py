@@ -28,9 +28,12 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
     by_example = spec.metric.startswith("val/example_acc")
     other, other_name = ("token_acc", "token acc %") if by_example else \
         ("example_acc", "example acc %")
+    devices = sorted({d for r in table for d in r["devices"]})
+    mixed = len(devices) > 1  # then each row says where its runs trained
     header = ["method", "d_model", "state size", "best lr (of n_lrs)", "acc % (mean ± std, n)",
               *([other_name] if with_examples else []),
-              "paper %", "converged", "flags", *slice_names, "train time s (all runs)"]
+              "paper %", "converged", "flags", *slice_names, "train time s (all runs)",
+              *(["devices (all lrs)"] if mixed else [])]
     md = [f"# {spec.study} ({spec.profile} profile)", "",
           f"Objective {spec.metric}: the best validation of each run "
           f"({METRIC_TEXT.get(spec.metric, 'accuracy on one slice')}), "
@@ -47,9 +50,10 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
                  "zoology's metric (mean over examples of each example's accuracy")
               + ", each run's best), mean ± std at the same lr." if with_examples else ""), "",
           *markdown_table(header)]
-    devices = sorted({d for r in table for d in r["devices"]})
     if devices:
-        md[2:2] = [f"Device: {', '.join(devices)}.", ""]
+        md[2:2] = [f"Device: {', '.join(devices)}." + (
+            " Runs trained on more than one machine: the last column names each row's."
+            if mixed else ""), ""]
     if spec.description:
         md[2:2] = [spec.description, ""]
     csv_rows = []
@@ -62,7 +66,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
                  *([mean_std_text(r[other])] if with_examples else []), paper,
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
-                 f"{r['wall_time_s']:.0f}"]
+                 f"{r['wall_time_s']:.0f}",
+                 *([", ".join(short_device(d) for d in r["devices"])] if mixed else [])]
         md.append(markdown_row(cells))
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
@@ -81,6 +86,12 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
     md_path.write_text("\n".join(md) + "\n")
     write_csv(csv_path, csv_rows, None if csv_rows else ["method"])
     return [md_path, csv_path]
+
+
+def short_device(name: str) -> str:
+    """``"cpu: Intel(R) Xeon(R) Processor"`` -> ``"Intel Xeon Processor"``: a device for a
+    table cell."""
+    return name.split(": ", 1)[-1].replace("(R)", "").replace("(TM)", "")
 
 
 METRIC_TEXT = {"val/acc": "micro accuracy over answer positions",

@@ -340,7 +340,8 @@ def test_report_flags_and_one_row_per_run(tmp_path):
             attrs = {"converged": not (lr == 1e-3 and seed == 2), "global_step": 1000,
                      "collapsed_at": 520 if (lr == 1e-3 and seed == 1) else None,
                      "hparams": {"feature_map": "LLoPS", "p": 4, "m": 256, "rank": 1},
-                     "val_acc": acc[lr], "last_val_acc": acc[lr] - 0.01}
+                     "val_acc": acc[lr], "last_val_acc": acc[lr] - 0.01,
+                     "device": "cpu: AMD EPYC" if lr == 3e-3 else "cpu: Intel(R) Xeon(R) Processor"}
             study.add_trial(optuna.trial.create_trial(
                 params={"model.lr": lr, "seed_everything": seed, "p": 4}, distributions=dists,
                 value=acc[lr] + 0.01 * seed, user_attrs=attrs))
@@ -354,11 +355,16 @@ def test_report_flags_and_one_row_per_run(tmp_path):
     table = next(csv.DictReader((tmp_path / "table.csv").open()))
     assert (table["n"], table["n_lrs"], table["collapsed"]) == ("3", "3", "1")
     assert float(table["converged"]) == 2 / 3
+    # runs on two machines: the table says so, and which machines each row's runs used
+    text = (tmp_path / "table.md").read_text()
+    assert "Runs trained on more than one machine" in text
+    assert text.splitlines()[-1].endswith("| AMD EPYC, Intel Xeon Processor |")
     write_runs(spec, study_trials(spec, storage), tmp_path)
     runs = list(csv.DictReader((tmp_path / "runs.csv").open()))
     assert len(runs) == 9
     assert {"p", "lr", "seed", "val_acc", "last_val_acc", "steps", "converged", "collapsed_at",
-            "wall_time_s", "state"} <= set(runs[0])
+            "wall_time_s", "state", "device"} <= set(runs[0])
+    assert sum(r["device"] == "cpu: AMD EPYC" for r in runs) == 3
     assert sum(r["collapsed_at"] == "520" for r in runs) == 1
     edge = dict(row, best_lr=3e-3, lr_at_edge=True, collapsed=0, not_converged=0)
     assert flags(edge) == "best lr at grid edge"
