@@ -201,7 +201,10 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
         again = f", {requeued} failed queued again" if args.retry_failed else ""
         print(f"[{time.strftime('%F %T')}] study {spec.study} (profile {spec.profile}): "
               f"{len(spec.points())} grid points, {queued} newly queued{again}; "
-              f"{args.workers} worker(s), {threads} thread(s) each", flush=True)
+              f"{args.workers} worker(s), {threads} thread(s) each" + (
+                  "; starting only runs expected to end by "
+                  f"{datetime.datetime.fromtimestamp(until):%Y-%m-%d %H:%M}" if until else ""),
+              flush=True)
     ran, codes = 0, []
     while True:
         children = start_workers(args, index, url, until) \

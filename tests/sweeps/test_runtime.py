@@ -2,6 +2,7 @@
 deadline, and the deadline's forms."""
 
 import datetime
+import re
 import time
 
 import optuna
@@ -78,5 +79,8 @@ def test_a_worker_stops_before_a_deadline_its_next_run_would_pass(tmp_path):
     assert "(this process ran 0)" in out.stdout and "waiting 2" in out.stdout
     out = sweep("run", str(spec), "--storage", url, "--until", "+2h", cwd=tmp_path)
     assert out.returncode == 0 and "(this process ran 2)" in out.stdout, out.stdout
+    said = re.search(r"starting only runs expected to end by (\S+ \S+)", out.stdout)[1]
+    later = datetime.datetime.now() + datetime.timedelta(hours=2)
+    assert abs(datetime.datetime.fromisoformat(said) - later) < datetime.timedelta(minutes=3)
     out = sweep("run", str(spec), "--storage", url, "--until", "later", cwd=tmp_path)
     assert out.returncode == 2 and "error: --until 'later' is not HH:MM" in out.stderr
