@@ -4,7 +4,13 @@ A queued or running trial is timed by the median wall time of the finished runs 
 pruned) nearest to it: those sharing the most of its grid values other than lr and seed. The
 study's own runs are preferred; a reused run (timed on another machine or load) counts only
 where it shares more values than any own run. ``python -m sweeps status`` sums these over the
-queue; a worker given a deadline starts only the queued runs expected to end before it.
+queue.
+
+A worker given a deadline asks for a bound rather than an expectation
+(``conservative=True``): completed runs only (a pruned run stopped early, and the run it
+stands for may not be), and for a point that shares no grid value with any of them (an LLoPS
+p = 6 point where only p = 2 and 4 have run) the longest of them, since nothing says how its
+cost compares. It starts only the queued runs whose bound ends before the deadline.
 """
 
 from __future__ import annotations
@@ -14,35 +20,45 @@ import re
 import statistics
 from dataclasses import dataclass
 
+from optuna.trial import TrialState
+
 from sweeps.spec import SpecError
 from sweeps.trials import RESULTS, Trial, Trials, grid_point, point_values
 
 
 @dataclass(frozen=True)
 class TimedRun:
-    """A finished run's grid values (lr and seed aside), wall time in seconds, and whether
-    the study trained it (not reused from another study)."""
+    """A finished run's grid values (lr and seed aside), wall time in seconds, whether the
+    study trained it (not reused from another study) and whether it ran to its end (not
+    pruned)."""
 
     point: dict[str, str]
     seconds: float
     own: bool
+    complete: bool = True
 
 
 def timed_runs(trials: Trials) -> list[TimedRun]:
     """The finished runs of ``trials`` that recorded their wall time."""
     return [TimedRun(point_values(grid_point(t)), float(t.user_attrs["wall_time_s"]),
-                     not t.user_attrs.get("reused_from")) for t in trials
-            if t.state in RESULTS and "wall_time_s" in t.user_attrs]
+                     not t.user_attrs.get("reused_from"), t.state == TrialState.COMPLETE)
+            for t in trials if t.state in RESULTS and "wall_time_s" in t.user_attrs]
 
 
-def expected_seconds(trial: Trial, timed: list[TimedRun]) -> float | None:
-    """The median wall time of the runs of ``timed`` nearest to ``trial`` (see the module
-    docstring), in seconds; None when nothing has finished."""
+def expected_seconds(trial: Trial, timed: list[TimedRun],
+                     conservative: bool = False) -> float | None:
+    """The median wall time of the runs of ``timed`` nearest to ``trial``, in seconds, or
+    with ``conservative`` the deadline's bound (see the module docstring); None when no run
+    (no completed run, for the bound) has finished."""
+    if conservative:
+        timed = [run for run in timed if run.complete]
     if not timed:
         return None
     point = point_values(grid_point(trial))
     shared = [sum(point.get(k) == v for k, v in run.point.items()) for run in timed]
     nearest = max(shared)
+    if conservative and point and nearest == 0:  # nothing alike has run: the longest run
+        return max(run.seconds for run in timed)
     near = [run for run, n in zip(timed, shared) if n == nearest]
     if any(run.own for run in near):
         near = [run for run in near if run.own]

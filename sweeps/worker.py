@@ -202,19 +202,21 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
 
 class Deadline:
     """``sweeps run --until``: which queued runs are expected to end before ``until`` (epoch
-    seconds), by :func:`sweeps.runtime.expected_seconds` over the study's finished runs. A run
-    with nothing to time it by (no finished run yet) is started."""
+    seconds), by the bound of :func:`sweeps.runtime.expected_seconds` (``conservative``) over
+    the study's finished runs. A run with nothing to time it by (no completed run yet) is
+    started."""
 
     def __init__(self, until: float, trials: list[optuna.trial.FrozenTrial]) -> None:
         self.until, self.timed = until, timed_runs(trials)
 
     def fits(self, trial: optuna.trial.FrozenTrial) -> bool:
-        seconds = expected_seconds(trial, self.timed)
+        seconds = expected_seconds(trial, self.timed, conservative=True)
         return seconds is None or time.time() + seconds <= self.until
 
     def stop_line(self, waiting: list[optuna.trial.FrozenTrial]) -> str:
         """Why the worker stops while ``waiting`` is queued."""
-        shortest = min(expected_seconds(t, self.timed) or 0.0 for t in waiting)
+        shortest = min(expected_seconds(t, self.timed, conservative=True) or 0.0
+                       for t in waiting)
         at = time.strftime("%H:%M", time.localtime(self.until))
         return (f"stopping before {at}: none of the {len(waiting)} queued run(s) is expected "
                 f"to end by then (the shortest takes ~{shortest / 60:.0f} min by the study's "

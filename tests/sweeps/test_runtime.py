@@ -34,7 +34,7 @@ def test_a_deadline_is_a_clock_time_a_span_or_a_date():
 def finished(p: int, seconds: float, reused: bool = False) -> optuna.trial.FrozenTrial:
     attrs = {"wall_time_s": seconds, **({"reused_from": "other#0"} if reused else {})}
     return create_trial(state=TrialState.COMPLETE, value=0.5, params={P: p},
-                        distributions={P: IntDistribution(2, 6)}, user_attrs=attrs)
+                        distributions={P: IntDistribution(2, 8)}, user_attrs=attrs)
 
 
 def test_a_queued_run_is_timed_by_its_nearest_finished_runs(tmp_path):
@@ -50,6 +50,17 @@ def test_a_queued_run_is_timed_by_its_nearest_finished_runs(tmp_path):
     # p=2: median of its own two runs; p=4: its own; p=6: only a reused run shares its p
     assert [expected_seconds(t, timed) for t in queued] == [200.0, 1000.0, 50.0]
     assert expected_seconds(queued[0], []) is None
+    # the deadline's bound leaves out pruned runs, and times a point like no completed run
+    # by the longest: a p=8 point after runs at p=2, 4 and 6
+    study.add_trial(create_trial(state=TrialState.PRUNED, value=0.1, params={P: 2},
+                                 distributions={P: IntDistribution(2, 8)},
+                                 user_attrs={"wall_time_s": 10.0}))
+    timed = timed_runs(study.get_trials())
+    p8 = create_trial(state=TrialState.WAITING, params={P: 8},
+                      distributions={P: IntDistribution(2, 8)})
+    assert [expected_seconds(t, timed) for t in (*queued, p8)] == [100.0, 1000.0, 50.0, 200.0]
+    assert [expected_seconds(t, timed, conservative=True) for t in (*queued, p8)] == \
+        [200.0, 1000.0, 50.0, 1000.0]
 
     # a deadline 10 minutes away: p=4 (~17 min) is passed over, p=2 claimed first
     deadline = Deadline(time.time() + 600, study.get_trials())
