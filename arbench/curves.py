@@ -52,6 +52,11 @@ def smoothed(losses: Curve, window: int = SMOOTH_STEPS) -> list[tuple[int, float
     return out
 
 
+def significant(value: float, digits: int = 4) -> float:
+    """``value`` rounded to ``digits`` significant digits (a curve point as records keep it)."""
+    return float(f"{value:.{digits}g}")
+
+
 def block_means(values: Curve, block: int = SMOOTH_STEPS,
                 digits: int = 4) -> list[tuple[int, float]]:
     """Means of ``values`` over consecutive blocks of ``block`` training steps (steps 1…block,
@@ -63,13 +68,13 @@ def block_means(values: Curve, block: int = SMOOTH_STEPS,
     for step, value in values:
         index = (int(step) - 1) // block if step > 0 else 0
         if current is not None and index != current and count:
-            out.append((last, float(f"{total / count:.{digits}g}")))
+            out.append((last, significant(total / count, digits)))
             total, count = 0.0, 0
         current, last = index, int(step)
         total += value
         count += 1
     if count:
-        out.append((last, float(f"{total / count:.{digits}g}")))
+        out.append((last, significant(total / count, digits)))
     return out
 
 
@@ -91,4 +96,4 @@ def collapse_step(losses: Curve, window: int = SMOOTH_STEPS,
 
 
 __all__ = ["COLLAPSE_HIGH", "COLLAPSE_LOW", "CONVERGED_RISE", "SMOOTH_STEPS", "block_means",
-           "collapse_step", "is_converged", "smoothed"]
+           "collapse_step", "is_converged", "significant", "smoothed"]

@@ -35,6 +35,7 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from arbench.curves import significant
 from arbench.files import atomic_write
 from sweeps.archive_check import check_archive
 from sweeps.report.loss import loss_curve
@@ -75,7 +76,7 @@ def with_loss_curve(attrs: dict[str, Any]) -> dict[str, Any]:
     logged = loss_curve(attrs.get("log_dir"))
     if not logged:
         return attrs
-    return {**attrs, "loss_curve": [[step, float(f"{value:.4g}")] for step, value in logged],
+    return {**attrs, "loss_curve": [[step, significant(value)] for step, value in logged],
             "loss_curve_from": "event files"}
 
 
