@@ -60,6 +60,52 @@ def _others(proj: torch.Tensor, j: int) -> torch.Tensor:
     return proj[:, keep].prod(dim=1) if keep else torch.ones_like(proj[:, 0])
 
 
+def weighted_features(x: torch.Tensor, theta: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """Σ_r (x Θ_r) ⊙ P_r: ``(n, d)``, ``(t, d, m)``, ``(t, n, m)`` -> ``(n, m)``
+    (reference form; :func:`normal_matvec` computes it by column blocks)."""
+    return (torch.einsum("nd,rdm->rnm", x, theta) * others).sum(dim=0)
+
+
+def normal_matvec_reference(x: torch.Tensor, others: torch.Tensor, gram: torch.Tensor,
+                            theta: torch.Tensor) -> torch.Tensor:
+    """The factor subproblem's normal operator, Θ ↦ Qᵀ[P_r ⊙ ((Σ_r' (Q Θ_r') ⊙ P_r') G)]
+    for every rank r: ``(n, d)``, ``(t, n, m)``, ``(m, m)``, ``(t, d, m)`` -> ``(t, d, m)``."""
+    phi = weighted_features(x, theta, others)
+    return torch.einsum("nd,rnm->rdm", x, others * (phi @ gram))
+
+
+def column_blocks(others: torch.Tensor, budget: int = 1 << 21) -> list[torch.Tensor]:
+    """P ``(t, n, m)`` cut into contiguous ``(t, n, block)`` column blocks of about ``budget``
+    bytes each (cache-sized; at least one column)."""
+    t, n, m = others.shape
+    block = max(1, budget // max(1, t * n * others.element_size()))
+    return [others[:, :, c:c + block].contiguous() for c in range(0, m, block)]
+
+
+def weight_back(x_t: torch.Tensor, blocks: list[torch.Tensor], g: torch.Tensor) -> torch.Tensor:
+    """Qᵀ[P_r ⊙ g] for every rank r, block by block: ``x_t`` = Qᵀ ``(d, n)``, ``blocks`` of P
+    (:func:`column_blocks`), ``g`` ``(n, m)`` -> ``(t, d, m)``."""
+    outs, start = [], 0
+    for block in blocks:
+        width = block.shape[2]
+        outs.append(torch.matmul(x_t, block * g[:, start:start + width]))
+        start += width
+    return torch.cat(outs, dim=2)
+
+
+def normal_matvec(x: torch.Tensor, x_t: torch.Tensor, blocks: list[torch.Tensor],
+                  gram: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """:func:`normal_matvec_reference` computed one column block of P at a time, so no
+    ``(t, n, m)`` temporary is allocated (the operator is memory-bound: d is small);
+    ``x_t`` = ``x.T`` contiguous, ``blocks`` = :func:`column_blocks` of P."""
+    parts, start = [], 0
+    for block in blocks:
+        width = block.shape[2]
+        parts.append((torch.matmul(x, theta[:, :, start:start + width]) * block).sum(dim=0))
+        start += width
+    return weight_back(x_t, blocks, torch.cat(parts, dim=1) @ gram)
+
+
 def solve_factor(x: torch.Tensor, others: torch.Tensor, gram: torch.Tensor, rhs_af: torch.Tensor,
                  start: torch.Tensor, iters: int, ridge: float = 1e-10) -> torch.Tensor:
     """Factor Θ_j ``(t, d, m)`` minimising ‖(Σ_r (x Θ_r) ⊙ P_r) Fᵀ − A‖²_F by preconditioned CG.
@@ -67,11 +113,12 @@ def solve_factor(x: torch.Tensor, others: torch.Tensor, gram: torch.Tensor, rhs_
     ``x`` ``(n, d)``; ``others`` = P ``(t, n, m)``; ``gram`` = FᵀF ``(m, m)``; ``rhs_af`` = A F
     ``(n, m)``; ``start``: the current factor, where CG begins (``iters`` steps at most).
     """
-    def apply(theta: torch.Tensor) -> torch.Tensor:
-        phi = (torch.einsum("nd,rdm->rnm", x, theta) * others).sum(dim=0)
-        return torch.einsum("nd,rnm->rdm", x, others * (phi @ gram))
+    x_t, blocks = x.T.contiguous(), column_blocks(others)
 
-    b = torch.einsum("nd,rnm->rdm", x, others * rhs_af)
+    def apply(theta: torch.Tensor) -> torch.Tensor:
+        return normal_matvec(x, x_t, blocks, gram, theta)
+
+    b = weight_back(x_t, blocks, rhs_af)
     cov = x.T @ x
     cov = cov + (ridge * cov.diagonal().mean().clamp_min(1e-300)) * torch.eye(
         cov.shape[0], dtype=cov.dtype)
