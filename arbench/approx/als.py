@@ -74,36 +74,53 @@ def normal_matvec_reference(x: torch.Tensor, others: torch.Tensor, gram: torch.T
     return torch.einsum("nd,rnm->rdm", x, others * (phi @ gram))
 
 
-def column_blocks(others: torch.Tensor, budget: int = 1 << 21) -> list[torch.Tensor]:
-    """P ``(t, n, m)`` cut into contiguous ``(t, n, block)`` column blocks of about ``budget``
-    bytes each (cache-sized; at least one column)."""
+RowBlock = tuple[int, torch.Tensor]
+
+
+def row_blocks(others: torch.Tensor, budget: int = 1 << 19) -> list[RowBlock]:
+    """P ``(t, n, m)`` as contiguous row blocks ``(start, (b, t, m))`` of about ``budget`` bytes
+    each (cache-sized; at least one row)."""
     t, n, m = others.shape
-    block = max(1, budget // max(1, t * n * others.element_size()))
-    return [others[:, :, c:c + block].contiguous() for c in range(0, m, block)]
+    rows = max(1, budget // max(1, t * m * others.element_size()))
+    by_row = others.permute(1, 0, 2)
+    return [(start, by_row[start:start + rows].contiguous()) for start in range(0, n, rows)]
 
 
-def weight_back(x_t: torch.Tensor, blocks: list[torch.Tensor], g: torch.Tensor) -> torch.Tensor:
-    """Qᵀ[P_r ⊙ g] for every rank r, block by block: ``x_t`` = Qᵀ ``(d, n)``, ``blocks`` of P
-    (:func:`column_blocks`), ``g`` ``(n, m)`` -> ``(t, d, m)``."""
-    outs, start = [], 0
-    for block in blocks:
-        width = block.shape[2]
-        outs.append(torch.matmul(x_t, block * g[:, start:start + width]))
-        start += width
-    return torch.cat(outs, dim=2)
+def _accumulate(out: torch.Tensor, x_rows: torch.Tensor, block: torch.Tensor,
+                g_rows: torch.Tensor) -> None:
+    """out ``(d, t·m)`` += x_rowsᵀ [P_rows ⊙ g_rows] for one row block ``(b, t, m)``."""
+    out.addmm_(x_rows.T, (block * g_rows[:, None, :]).flatten(1))
 
 
-def normal_matvec(x: torch.Tensor, x_t: torch.Tensor, blocks: list[torch.Tensor],
-                  gram: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """:func:`normal_matvec_reference` computed one column block of P at a time, so no
-    ``(t, n, m)`` temporary is allocated (the operator is memory-bound: d is small);
-    ``x_t`` = ``x.T`` contiguous, ``blocks`` = :func:`column_blocks` of P."""
-    parts, start = [], 0
-    for block in blocks:
-        width = block.shape[2]
-        parts.append((torch.matmul(x, theta[:, :, start:start + width]) * block).sum(dim=0))
-        start += width
-    return weight_back(x_t, blocks, torch.cat(parts, dim=1) @ gram)
+def _unflatten(out: torch.Tensor, t: int) -> torch.Tensor:
+    """``(d, t·m)`` -> ``(t, d, m)``."""
+    return out.view(out.shape[0], t, -1).permute(1, 0, 2).contiguous()
+
+
+def weight_back(x: torch.Tensor, blocks: list[RowBlock], g: torch.Tensor) -> torch.Tensor:
+    """Xᵀ[P_r ⊙ g] for every rank r, one row block at a time: ``x`` ``(n, d)``, ``blocks`` of P
+    (:func:`row_blocks`), ``g`` ``(n, m)`` -> ``(t, d, m)``."""
+    t, m = blocks[0][1].shape[1:]
+    out = torch.zeros(x.shape[1], t * m, dtype=g.dtype)
+    for start, block in blocks:
+        rows = slice(start, start + block.shape[0])
+        _accumulate(out, x[rows], block, g[rows])
+    return _unflatten(out, t)
+
+
+def normal_matvec(x: torch.Tensor, blocks: list[RowBlock], gram: torch.Tensor,
+                  theta: torch.Tensor) -> torch.Tensor:
+    """:func:`normal_matvec_reference` one row block of P at a time (rows are independent up
+    to the final sum over them), so every temporary stays cache-sized and P is read once;
+    ``blocks`` = :func:`row_blocks` of P."""
+    t, d, m = theta.shape
+    flat = theta.permute(1, 0, 2).reshape(d, t * m)
+    out = torch.zeros(d, t * m, dtype=theta.dtype)
+    for start, block in blocks:
+        x_rows = x[start:start + block.shape[0]]
+        phi = (x_rows @ flat).view(-1, t, m).mul_(block).sum(dim=1)
+        _accumulate(out, x_rows, block, phi @ gram)
+    return _unflatten(out, t)
 
 
 def solve_factor(x: torch.Tensor, others: torch.Tensor, gram: torch.Tensor, rhs_af: torch.Tensor,
@@ -113,12 +130,12 @@ def solve_factor(x: torch.Tensor, others: torch.Tensor, gram: torch.Tensor, rhs_
     ``x`` ``(n, d)``; ``others`` = P ``(t, n, m)``; ``gram`` = FᵀF ``(m, m)``; ``rhs_af`` = A F
     ``(n, m)``; ``start``: the current factor, where CG begins (``iters`` steps at most).
     """
-    x_t, blocks = x.T.contiguous(), column_blocks(others)
+    blocks = row_blocks(others)
 
     def apply(theta: torch.Tensor) -> torch.Tensor:
-        return normal_matvec(x, x_t, blocks, gram, theta)
+        return normal_matvec(x, blocks, gram, theta)
 
-    b = weight_back(x_t, blocks, rhs_af)
+    b = weight_back(x, blocks, rhs_af)
     cov = x.T @ x
     cov = cov + (ridge * cov.diagonal().mean().clamp_min(1e-300)) * torch.eye(
         cov.shape[0], dtype=cov.dtype)

@@ -6,11 +6,11 @@ from arbench.approx.als import (
     als_start,
     balance_factors,
     balance_sides,
-    column_blocks,
     features,
     normal_matvec,
     normal_matvec_reference,
     projections,
+    row_blocks,
     solve_factor,
 )
 from arbench.approx.floor import eckart_young
@@ -41,20 +41,21 @@ def test_rebalancing_leaves_the_estimate_unchanged():
     torch.testing.assert_close(features(q, new_q).norm(dim=0), features(k, new_k).norm(dim=0))
 
 
-@pytest.mark.parametrize("t, budget", [(1, 1 << 21), (3, 3 * 50 * 8 * 3), (2, 1)])
+@pytest.mark.parametrize("t, budget", [(1, 1 << 21), (3, 7 * 3 * 8 * 3), (2, 1)])
 def test_blocked_normal_operator_equals_the_reference(t, budget):
-    # budgets: one block; blocks of 3 columns with a short last one (m = 7); one column each
+    # budgets: one block; blocks of 3 rows with a short last one (n = 50); one row each
     n, d, m = 50, 4, 7
     gen = torch.Generator().manual_seed(t)
     x = torch.randn(n, d, generator=gen, dtype=torch.float64)
     others = torch.randn(t, n, m, generator=gen, dtype=torch.float64)
     gram = torch.randn(m, m, generator=gen, dtype=torch.float64)
     theta = torch.randn(t, d, m, generator=gen, dtype=torch.float64)
-    blocks = column_blocks(others, budget)
-    assert sum(b.shape[2] for b in blocks) == m
-    assert all(b.is_contiguous() for b in blocks)
-    assert {b.shape[2] for b in blocks[:-1]} <= {max(1, budget // (t * n * 8))}
-    torch.testing.assert_close(normal_matvec(x, x.T.contiguous(), blocks, gram, theta),
+    blocks = row_blocks(others, budget)
+    assert [start for start, _ in blocks] == list(range(0, n, blocks[0][1].shape[0]))
+    assert blocks[0][1].shape[0] == min(n, max(1, budget // (t * m * 8)))
+    assert all(b.is_contiguous() for _, b in blocks)
+    torch.testing.assert_close(torch.cat([b for _, b in blocks]), others.permute(1, 0, 2))
+    torch.testing.assert_close(normal_matvec(x, blocks, gram, theta),
                                normal_matvec_reference(x, others, gram, theta),
                                rtol=1e-12, atol=1e-12)
 
