@@ -16,7 +16,7 @@ from arbench.approx.ledger import Ledger
 from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
-from arbench.approx.starts import StartConfig
+from arbench.approx.starts import LLOPS_STARTS, StartConfig
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
 from arbench.approx.synthetic import synthetic_qk
 from arbench.checks import check_int, check_writable
@@ -61,6 +61,10 @@ class ApproxConfig:
     data_start: bool = opt(True, help="LLoPS starts from alternating least squares over its "
                                       "factors, BASED-style from the best rank-r bilinear "
                                       "projections; the other maps from the Adam fit")
+    llops_start: str = opt("projection", choices=LLOPS_STARTS,
+                           help="where LLoPS's ALS starts: the BASED-style best rank-r "
+                                "projections' exact expansion written as rank-1 LLoPS factors, "
+                                "or its random sketch")
     als_sweeps: int = opt(50, help="the most ALS sweeps of the LLoPS start (it ends earlier "
                                    "once a sweep gains < 1e-4 of the loss)")
     polish_steps: int = opt(200, help="the most full-batch L-BFGS steps after every start "
@@ -86,7 +90,8 @@ class ApproxConfig:
         """The study's configuration."""
         fit = FitConfig(steps=self.steps, lr=self.lrs[0], batch=self.batch, seed=self.seed,
                         init_ratio=self.init_ratio, log_every=self.log_every,
-                        data_start=self.data_start, start=StartConfig(sweeps=self.als_sweeps),
+                        data_start=self.data_start, start=StartConfig(sweeps=self.als_sweeps,
+                                                          llops_from=self.llops_start),
                         polish=PolishConfig(steps=self.polish_steps, gtol=self.gtol,
                                             ftol=self.ftol))
         return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
@@ -162,7 +167,11 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         "start, steps, stop and the gradient norm at the stop per fit in table.csv). "
         + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
            "subproblem is linear least squares, solved by conjugate gradients; at most "
-           f"{config.fit.start.sweeps} sweeps) from its sketch start, a CP rank t > 1 rank 1 "
+           f"{config.fit.start.sweeps} sweeps) from "
+           + ("BASED-style's start below written as rank-1 LLoPS factors (each degree-p "
+              "monomial of the r projections is a product of p linear forms)"
+              if config.fit.start.llops_from == "projection" else "its sketch start")
+           + ", a CP rank t > 1 rank 1 "
            "first and the other ranks grown from that fit; BASED-style from the "
            "projections that make (qW_Q)·(kW_K) the best rank-r approximation of q·k on the "
            "training pairs; " if config.fit.data_start else "Starts: ")

@@ -46,7 +46,7 @@ class Record:
     feature_dim: int
     seconds: float = 0.0
     detail: str = ""
-    fit_start: str = ""  # "adam", "als" or "svd", and how that phase ended
+    fit_start: str = ""  # "adam", "als" (from projection r=…) or "svd", and how it ended
     fit_steps: int = 0  # Adam steps or ALS sweeps of the start
     polish_steps: int = 0  # full-batch L-BFGS steps after it
     fit_stop: str = ""  # why the fit ended (the polish's rule when it ran)

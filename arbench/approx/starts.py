@@ -1,7 +1,11 @@
 """Data-driven starts: maps whose best fit can be approached without gradient steps.
 
-- LLoPS (plain): alternating least squares over its CP factors (:mod:`arbench.approx.als`)
-  from its random sketch start, ``"als"``.
+- LLoPS (plain): alternating least squares over its CP factors (:mod:`arbench.approx.als`),
+  ``"als"``, from the BASED-style start below written as LLoPS rank-1 factors
+  (:func:`monomial_factors`; ``StartConfig.llops_from = "projection"``, the default) or from its
+  random sketch start (``"sketch"``). A degree-p monomial of x W is a product of p linear forms
+  of x, so the C(r + p − 1, p) ≤ m features of the best rank-r projection's exact expansion are
+  rank-1 LLoPS features: ALS starts where BASED-style starts, and only lowers the loss.
 - BASED-style (:class:`~arbench.approx.methods.ProjectedPower`): the projections that make
   (q W_Q)·(k W_K) the best rank-r approximation of q·k over the training pairs
   (:func:`bilinear_start`), ``"svd"``.
@@ -18,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from arbench.approx.als import als_start
-from arbench.approx.methods import KernelPair, ProjectedPower
+from arbench.approx.methods import KernelPair, ProjectedPower, based_rank
+from arbench.approx.target import _monomials
 from arbench.featuremaps import LLoPS
 
 Log = Callable[[str], None]
@@ -35,12 +40,18 @@ class StartConfig:
     cg_iters: int = 25
     grow: bool = True  # rank t > 1: rank 1 first, then the others from it
     grow_scale: float = 0.1
+    llops_from: str = "projection"  # or "sketch": where LLoPS's rank 1 starts (module docstring)
+    spare_scale: float = 0.01  # "projection": columns past the monomials keep this × the sketch
+
+
+LLOPS_STARTS = ("projection", "sketch")
 
 
 @dataclass
 class StartResult:
-    """Which start ran (``"als"``, ``"svd"``), its steps (ALS sweeps; 0 for the SVD), why it
-    ended and (ALS) the relative training loss before and after."""
+    """Which start ran (``"als"``, ``"als from projection r=…"`` or ``"svd"``), its steps (ALS
+    sweeps; 0 for the SVD), why it ended and (ALS) the relative training loss before and
+    after."""
 
     name: str
     steps: int = 0
@@ -70,6 +81,34 @@ def bilinear_start(q: torch.Tensor, k: torch.Tensor, r: int) -> tuple[torch.Tens
     return inv_q @ (u[:, :r] * half), inv_k @ (vh[:r].T * half)
 
 
+def monomial_factors(w: torch.Tensor, p: int) -> torch.Tensor:
+    """LLoPS rank-1 factors ``(p, d, C(r + p − 1, p))`` whose features are the projected map's
+    ψ_p(x W) (:class:`~arbench.approx.methods.ProjectedPower`) exactly: the feature of the
+    monomial Π_j (x W)_{i_j} has factor j = W[:, i_j], each scaled by the monomial's weight
+    √(p!/Π c_i!) to the power 1/p. ``w`` ``(d, r)``."""
+    index, weight = _monomials(w.shape[1], p)
+    scale = weight.to(w.dtype) ** (1.0 / p)  # (D,)
+    return torch.stack([w[:, index[:, j]] * scale for j in range(p)])
+
+
+@torch.no_grad()
+def embed_projection(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor,
+                     spare_scale: float) -> int:
+    """Set rank 1 of ``phi_q``, ``phi_k`` (``theta`` ``(t, p, d, m)``) to the best rank-r bilinear
+    projections' exact degree-p expansion (:func:`bilinear_start`, :func:`monomial_factors`),
+    r the largest with C(r + p − 1, p) ≤ m; the remaining columns keep ``spare_scale`` times
+    their sketch values, so ALS can still use them. Returns r."""
+    p, m = phi_q.theta.shape[1], phi_q.theta.shape[3]
+    r = based_rank(m, p)
+    w_q, w_k = bilinear_start(q, k, r)
+    for phi, w in ((phi_q, w_q), (phi_k, w_k)):
+        factors = monomial_factors(w, p).to(phi.theta.dtype)
+        used = factors.shape[2]
+        phi.theta[0, :, :, :used] = factors
+        phi.theta[0, :, :, used:] *= spare_scale
+    return r
+
+
 def start_name(pair: KernelPair) -> str | None:
     """``"als"`` or ``"svd"`` when :func:`data_start` has a start for ``pair``, else ``None``."""
     phi_q, phi_k = pair.phi_q, pair.phi_k
@@ -90,9 +129,12 @@ def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tens
     phi_q, phi_k = pair.phi_q, pair.phi_k
     name = start_name(pair)
     if name == "als":
+        how = "als"
+        if config.llops_from == "projection":
+            how += f" from projection r={embed_projection(phi_q, phi_k, q, k, config.spare_scale)}"
         result = als_start(phi_q, phi_k, q, k, a, config.sweeps, config.cg_iters, config.tol,
                            log, label, config.grow, config.grow_scale)
-        return StartResult("als", result.sweeps, result.stopped, result.losses[0],
+        return StartResult(how, result.sweeps, result.stopped, result.losses[0],
                            result.losses[-1])
     if name == "svd":
         w_q, w_k = bilinear_start(q, k, phi_q.proj.shape[1])

@@ -29,6 +29,7 @@ from arbench.approx.records import (
     Record,
     StudyConfig,
 )
+from arbench.approx.starts import LLOPS_STARTS
 from arbench.approx.target import check_p, monomial_count, poly_kernel
 from arbench.checks import check_int
 from arbench.machine import device_name
@@ -127,6 +128,9 @@ def check_settings(config: StudyConfig) -> None:
                          "min_improvement in [0, 1)")
     if fit.start.sweeps < 0 or fit.start.cg_iters < 1 or not 0 <= fit.start.tol < 1:
         raise ValueError("ALS sweeps must be >= 0, its CG steps >= 1 and its tol in [0, 1)")
+    if fit.start.llops_from not in LLOPS_STARTS:
+        raise ValueError(f"unknown LLoPS start {fit.start.llops_from!r}; choose from "
+                         f"{list(LLOPS_STARTS)}")
     if fit.polish.steps < 0 or fit.polish.patience < 1 or fit.polish.history < 1 or \
             not fit.polish.gtol >= 0 or not 0 <= fit.polish.ftol < 1:
         raise ValueError("L-BFGS steps must be >= 0, gtol >= 0 and ftol in [0, 1)")
