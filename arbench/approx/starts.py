@@ -23,7 +23,7 @@ import torch
 
 from arbench.approx.als import als_start
 from arbench.approx.methods import KernelPair, ProjectedPower, based_rank
-from arbench.approx.target import _monomials
+from arbench.approx.target import monomials
 from arbench.featuremaps import LLoPS
 
 Log = Callable[[str], None]
@@ -86,7 +86,7 @@ def monomial_factors(w: torch.Tensor, p: int) -> torch.Tensor:
     ψ_p(x W) (:class:`~arbench.approx.methods.ProjectedPower`) exactly: the feature of the
     monomial Π_j (x W)_{i_j} has factor j = W[:, i_j], each scaled by the monomial's weight
     √(p!/Π c_i!) to the power 1/p. ``w`` ``(d, r)``."""
-    index, weight = _monomials(w.shape[1], p)
+    index, weight = monomials(w.shape[1], p)
     scale = weight.to(w.dtype) ** (1.0 / p)  # (D,)
     return torch.stack([w[:, index[:, j]] * scale for j in range(p)])
 

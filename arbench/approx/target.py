@@ -27,7 +27,7 @@ def monomial_count(dim: int, p: int) -> int:
 
 
 @lru_cache(maxsize=32)
-def _monomials(dim: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+def monomials(dim: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Index ``(D, p)`` of each monomial's variables and weight ``(D,)`` = √(multinomial)."""
     combos = list(combinations_with_replacement(range(dim), p))
     index = torch.tensor(combos, dtype=torch.long).reshape(len(combos), p)
@@ -47,5 +47,5 @@ def symmetric_power(x: torch.Tensor, p: int) -> torch.Tensor:
     ``symmetric_power(a, p) · symmetric_power(b, p) = (a·b)^p`` exactly: the same Gram matrix
     as vec(x^{⊗p}) ∈ R^{r^p} with the repeated entries merged.
     """
-    index, weight = _monomials(x.shape[-1], check_p(p))
+    index, weight = monomials(x.shape[-1], check_p(p))
     return x[..., index].prod(dim=-1) * weight.to(x.dtype)
