@@ -62,7 +62,7 @@ def _others(proj: torch.Tensor, j: int) -> torch.Tensor:
 
 def weighted_features(x: torch.Tensor, theta: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     """Σ_r (x Θ_r) ⊙ P_r: ``(n, d)``, ``(t, d, m)``, ``(t, n, m)`` -> ``(n, m)``
-    (reference form; :func:`normal_matvec` computes it by column blocks)."""
+    (reference form; :func:`normal_matvec` computes it by row blocks)."""
     return (torch.einsum("nd,rdm->rnm", x, theta) * others).sum(dim=0)
 
 
