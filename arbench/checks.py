@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:
@@ -16,6 +19,16 @@ def check_int(name: str, value: object, minimum: int = 1) -> int:
 
 class CliError(ValueError):
     """Bad input found before any work; the message is printed after ``error:``."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` parser whose usage errors are one line on stderr, exit status 2: the
+    message and a pointer to ``--help`` instead of the usage dump. Subcommand parsers made by
+    ``add_subparsers`` are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (run `{self.prog} --help` for the options)\n")
+        sys.exit(2)
 
 
 class NotWritableError(CliError):

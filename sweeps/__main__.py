@@ -31,7 +31,7 @@ from pathlib import Path
 
 import optuna
 
-from arbench.checks import CliError, check_writable
+from arbench.checks import CliError, OneLineParser, check_writable
 from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
 from sweeps.archive import restore, save
 from sweeps.command import validate_points
@@ -71,7 +71,7 @@ def _storage_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sweeps", description=DESCRIPTION)
+    ap = OneLineParser(prog="python -m sweeps", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) a sweep")
     run.add_argument("spec", nargs="+", help="one spec, or several to run one after another")

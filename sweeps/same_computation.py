@@ -13,7 +13,6 @@ difference) and exits 1; a run that fails stops with its last line of output (ex
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from arbench.checks import OneLineParser
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -69,7 +70,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweeps.same_computation",
+    ap = OneLineParser(prog="python -m sweeps.same_computation",
                                  description=__doc__.split("\n\n")[1])
     ap.add_argument("other", type=Path, help="the other checkout (its repository root)")
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")

@@ -4,6 +4,7 @@ Each test names the issue's case it covers. CLI cases run in-process through ``r
 noise checks run ``main.py`` in a subprocess (pytest would capture the warnings otherwise).
 """
 
+import importlib
 import json
 import subprocess
 import sys
@@ -223,3 +224,27 @@ def test_bench_smoke_output_is_git_ignored():
     out = subprocess.run(["git", "check-ignore", "-q", "results/bench_smoke/bench.md"],
                          cwd=ROOT, capture_output=True)
     assert out.returncode == 0
+
+
+ARGPARSE_CLIS = {  # module with main(argv), a bad argument list, the prog its message names
+    "arbench.approx.cli": (["--p", "x"], "python -m arbench.approx"),
+    "arbench.bench.__main__": (["--smoke=yes"], "python -m arbench.bench"),
+    "arbench.bench.profile": (["--no-such-flag"], "python -m arbench.bench.profile"),
+    "arbench.bench.grad_precision": (["--no-such-flag"], "python -m arbench.bench.grad_precision"),
+    "arbench.bench.device_check": (["--no-such-flag"], "scripts/device_check.sh"),
+    "arbench.data.benchmark": (["--no-such-flag"], "--help"),
+    "sweeps.__main__": (["frob"], "python -m sweeps"),
+    "sweeps.same_computation": ([], "python -m sweeps.same_computation"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(ARGPARSE_CLIS))
+def test_argparse_clis_report_a_usage_error_in_one_line(capsys, module):
+    """The argparse CLIs print one ``error:`` line naming ``--help``, not the usage dump."""
+    argv, prog = ARGPARSE_CLIS[module]
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "usage:" not in err and prog in err and "--help" in err

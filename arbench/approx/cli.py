@@ -19,7 +19,7 @@ from arbench.approx.report import markdown_table, write_report
 from arbench.approx.starts import LLOPS_STARTS, StartConfig
 from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
 from arbench.approx.synthetic import synthetic_qk
-from arbench.checks import check_int, check_writable
+from arbench.checks import OneLineParser, check_int, check_writable
 from arbench.options import add_options, given, opt
 from arbench.registry import load_method_config
 
@@ -102,7 +102,7 @@ class ApproxConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="python -m arbench.approx",
         description="Kernel-approximation study: RMAE of m-dimensional feature maps against "
                     "(q·k)^p on a softmax teacher's queries and keys, with the Eckart–Young "

@@ -13,13 +13,13 @@ from arbench.bench.config import BenchConfig, smoke_config
 from arbench.bench.layers import method_list
 from arbench.bench.run import run_benchmark
 from arbench.bench.targets import summary_lines
-from arbench.checks import check_writable
+from arbench.checks import OneLineParser, check_writable
 from arbench.options import add_options, given
 
 
 def parser() -> argparse.ArgumentParser:
     """``--smoke`` and one option per option field of :class:`BenchConfig`."""
-    ap = argparse.ArgumentParser(prog="python -m arbench.bench", description=__doc__)
+    ap = OneLineParser(prog="python -m arbench.bench", description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (seconds)")
     add_options(ap, BenchConfig)
     return ap

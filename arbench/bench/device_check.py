@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from arbench.bench.device_report import write_summary
-from arbench.checks import check_writable
+from arbench.checks import OneLineParser, check_writable
 from arbench.files import atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +198,7 @@ def _git(*args: str) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts/device_check.sh", description=__doc__,
+    ap = OneLineParser(prog="scripts/device_check.sh", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true",
                     help="check arguments, test selection, bench and fit command lines and the "

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from arbench.checks import CliError
+from arbench.checks import CliError, OneLineParser
 from arbench.ckpt_check import load_tensors
 from arbench.cli import build_cli
 from arbench.model import RecallModel
@@ -232,7 +232,7 @@ def write_report(rows: list[dict[str, Any]], out: Path, what: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m arbench.bench.grad_precision",
+    ap = OneLineParser(prog="python -m arbench.bench.grad_precision",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", required=True,

@@ -40,6 +40,7 @@ from arbench.bench.config import CPU_TRAIN, LONG_TRAIN, P4_TRAIN, BenchConfig
 from arbench.bench.layers import build_layer, make_call, make_inputs, method_list
 from arbench.bench.timing import matmul_throughput
 from arbench.bench.training import build_model, make_step
+from arbench.checks import OneLineParser
 from arbench.data.mqar import generate_mqar
 from arbench.kernels import keep_heap
 from arbench.optim import make_adamw
@@ -174,7 +175,7 @@ class ProfileConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m arbench.bench.profile", description=__doc__,
+    ap = OneLineParser(prog="python -m arbench.bench.profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(ap, ProfileConfig)
     argv = sys.argv[1:] if argv is None else argv

@@ -7,12 +7,12 @@ subset and reported per example.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import numpy as np
 
+from arbench.checks import OneLineParser
 from arbench.data.mqar import generate_mqar
 
 
@@ -36,7 +36,7 @@ def per_example_numpy(num_examples: int, seq_len: int, n: int, vocab: int, seed:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100_000)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=8)
