@@ -238,6 +238,12 @@ def add_ranks(theta: torch.Tensor, extra: torch.Tensor, scale: float) -> torch.T
     return torch.cat([theta, unit * (scale * theta.norm(dim=2, keepdim=True))])
 
 
+def keep_rank_1(one: torch.Tensor, grown: torch.Tensor) -> torch.Tensor:
+    """Factors ``(t, p, d, m)``: rank 1 from ``one`` ``(1, p, d, m)``, ranks 2..t zero, so φ
+    equals the rank-1 map's exactly (a higher CP rank contains the lower one)."""
+    return torch.cat([one, torch.zeros_like(grown[1:])])
+
+
 @torch.no_grad()
 def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
               sweeps: int, cg_iters: int = 25, tol: float = 1e-4, log: Log | None = None,
@@ -248,7 +254,10 @@ def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: t
     With ``grow`` and CP rank t > 1: first rank 1 alone (the maps' first rank, which is the
     rank-1 map's start when built with the same seed, since ALS does not depend on the start's
     scale), then all t ranks from that fit plus the others at ``grow_scale`` (:func:`add_ranks`),
-    so a higher rank starts from (almost) the lower rank's fit. Up to ``sweeps`` each.
+    so a higher rank starts from (almost) the lower rank's fit. Up to ``sweeps`` each. Growing
+    raises the loss by O(grow_scale^p) relative to φ; where the sweeps after it do not win that
+    back (a rank-1 fit already near zero loss), the rank-1 fit is kept with the other ranks zero
+    (:func:`keep_rank_1`; ``stopped`` says so), so t > 1 never ends above t = 1.
     """
     if phi_q.affine or phi_q.square or phi_k.affine or phi_k.square:
         raise ValueError("ALS supports plain LLoPS maps (no affine factors, no squaring)")
@@ -262,8 +271,12 @@ def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: t
     theta_q, theta_k, result = als_sweeps(theta_q, theta_k, q, k, a, sweeps, cg_iters, tol, log,
                                           label)
     if first is not None:
-        result = ALSResult(first.losses + result.losses, first.sweeps + result.sweeps,
-                           result.stopped)
+        stopped = result.stopped
+        if result.losses[-1] > first.losses[-1]:  # growing cost more than ALS won back
+            theta_q, theta_k = keep_rank_1(one_q, theta_q), keep_rank_1(one_k, theta_k)
+            result.losses.append(first.losses[-1])
+            stopped += ", rank-1 fit kept"
+        result = ALSResult(first.losses + result.losses, first.sweeps + result.sweeps, stopped)
     phi_q.theta.copy_(theta_q.to(phi_q.theta.dtype))
     phi_k.theta.copy_(theta_k.to(phi_k.theta.dtype))
     return result

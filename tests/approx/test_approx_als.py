@@ -136,3 +136,28 @@ def test_a_higher_rank_grows_from_the_rank_1_fit_and_ends_no_worse():
     # start's scale (only the loss before it does)
     assert two[1:len(one)] == pytest.approx(one[1:], rel=1e-4)
     assert two[-1] < one[-1]
+
+
+def test_a_grown_fit_that_ends_above_rank_1_keeps_the_rank_1_fit():
+    """Rank 1 starts at an exact rank-1 target's factors (zero loss); growing rank 2 raises the
+    loss and two sweeps do not win that back, so t = 2 returns the rank-1 fit, rank 2 zero."""
+    d, m, p = 5, 6, 3
+    q, k = gaussian_qk(60, d, seed=3)
+    teacher = llops_teacher(d, m, p, 1, seed=11)
+    with torch.no_grad():
+        a = teacher.phi_q(q).double() @ teacher.phi_k(k).double().T
+    results, pairs = {}, {}
+    for t in (1, 2):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(4)
+            pairs[t] = llops_pair(d, m, p, t)
+        with torch.no_grad():
+            pairs[t].phi_q.theta[:1] = teacher.phi_q.theta
+            pairs[t].phi_k.theta[:1] = teacher.phi_k.theta
+        results[t] = als_start(pairs[t].phi_q, pairs[t].phi_k, q, k, a, sweeps=2, tol=0.0)
+    assert results[2].stopped == "max sweeps, rank-1 fit kept"
+    assert results[2].losses[-1] == results[1].losses[-1] < results[2].losses[3]
+    assert torch.count_nonzero(pairs[2].phi_q.theta[1:]) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(pairs[2].phi_q(q) @ pairs[2].phi_k(k).T,
+                                   pairs[1].phi_q(q) @ pairs[1].phi_k(k).T)
