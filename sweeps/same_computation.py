@@ -71,7 +71,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m sweeps.same_computation",
-                                 description=__doc__.split("\n\n")[1])
+                       description=__doc__.split("\n\n")[1])
     ap.add_argument("other", type=Path, help="the other checkout (its repository root)")
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

@@ -199,7 +199,7 @@ def _git(*args: str) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = OneLineParser(prog="scripts/device_check.sh", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true",
                     help="check arguments, test selection, bench and fit command lines and the "
                          "output layout without a GPU")

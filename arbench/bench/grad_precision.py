@@ -233,8 +233,8 @@ def write_report(rows: list[dict[str, Any]], out: Path, what: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m arbench.bench.grad_precision",
-                                 description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", required=True,
                     help="a main.py config (repeatable: method config, then profile)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

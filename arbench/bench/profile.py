@@ -176,7 +176,7 @@ class ProfileConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = OneLineParser(prog="python -m arbench.bench.profile", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(ap, ProfileConfig)
     argv = sys.argv[1:] if argv is None else argv
     try:
