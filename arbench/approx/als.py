@@ -14,6 +14,8 @@ w_{r,c} = mean_i P_r[i, c]² G_cc. A sweep updates every factor of the query sid
 key side; after each factor the factors' scales are rebalanced (per column and rank, equal
 norms over j; per column, equal ‖Φ_Q[:, c]‖ and ‖Φ_K[:, c]‖), which leaves Â unchanged. A CP
 rank t > 1 first fits rank 1 alone, then grows the other ranks from it (:func:`als_start`).
+Given held-back validation pairs, the sweeps keep the factors of least validation loss and
+stop once ``patience`` sweeps in a row find none lower (early stopping, as the Adam fits do).
 """
 
 from __future__ import annotations
@@ -26,17 +28,23 @@ import torch
 from arbench.featuremaps import LLoPS
 
 Log = Callable[[str], None]
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Validation queries ``(nq, d)``, keys ``(nk, d)`` and their target ``(nq, nk)``."""
 
 
 @dataclass
 class ALSResult:
-    """Relative squared Frobenius loss ‖Â − A‖²/‖A‖² before the first and after each sweep;
-    ``stopped``: ``"converged"`` (a sweep gained less than ``tol``, relative) or
+    """Relative squared Frobenius loss ‖Â − A‖²/‖A‖² on the fitted pairs before the first and
+    after each sweep, and last, where the returned factors are not the last sweep's (validation
+    stop, rank-1 fit kept), theirs; ``val_losses`` the same on the validation pairs (empty
+    without them). ``stopped``: ``"converged"`` (a sweep gained less than ``tol``, relative),
+    ``"validation"`` (``patience`` sweeps without a new least validation loss) or
     ``"max sweeps"``."""
 
     losses: list[float] = field(default_factory=list)
     sweeps: int = 0
     stopped: str = ""
+    val_losses: list[float] = field(default_factory=list)
 
 
 def projections(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -188,17 +196,30 @@ def balance_sides(theta_q: torch.Tensor, theta_k: torch.Tensor, q: torch.Tensor,
     return theta_q * s, theta_k / s
 
 
+def _val_loss(theta_q: torch.Tensor, theta_k: torch.Tensor, val: Pairs) -> float:
+    q, k, a = val
+    return relative_loss(features(q, theta_q), features(k, theta_k), a)
+
+
 def als_sweeps(theta_q: torch.Tensor, theta_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                a: torch.Tensor, sweeps: int, cg_iters: int = 25, tol: float = 1e-4,
-               log: Log | None = None, label: str = "") -> tuple[torch.Tensor, torch.Tensor,
-                                                                  ALSResult]:
+               log: Log | None = None, label: str = "", val: Pairs | None = None,
+               patience: int = 3) -> tuple[torch.Tensor, torch.Tensor, ALSResult]:
     """Up to ``sweeps`` ALS sweeps on ``theta_q``, ``theta_k`` ``(t, p, d, m)`` against
     ``a`` ``(nq, nk)`` = target(q, k); float64 throughout. Stops once a sweep lowers the
-    relative loss by less than ``tol`` of its value. Returns the new factors and the result."""
+    relative loss by less than ``tol`` of its value. With ``val`` (validation pairs, not
+    fitted): returns the factors of least validation loss (the start's included) and also
+    stops after ``patience`` sweeps without a new least. Returns the factors and the result."""
     q, k, a = q.double(), k.double(), a.double()
+    if val is not None:
+        val = (val[0].double(), val[1].double(), val[2].double())
     theta_q, theta_k = balance_sides(balance_factors(theta_q.double()),
                                      balance_factors(theta_k.double()), q, k)
     result = ALSResult(losses=[relative_loss(features(q, theta_q), features(k, theta_k), a)])
+    best = None
+    if val is not None:
+        result.val_losses.append(_val_loss(theta_q, theta_k, val))
+        best = (result.val_losses[0], theta_q, theta_k, 0)
     for sweep in range(1, sweeps + 1):
         for side in ("q", "k"):
             x, other, target = (q, features(k, theta_k), a) if side == "q" else \
@@ -223,10 +244,21 @@ def als_sweeps(theta_q: torch.Tensor, theta_k: torch.Tensor, q: torch.Tensor, k:
             log(f"  {label}: ALS sweep {sweep} loss {loss:.4g}")
         if not torch.isfinite(torch.tensor(loss)):
             raise FloatingPointError(f"{label or 'ALS'}: loss is {loss} after sweep {sweep}")
+        if best is not None:
+            result.val_losses.append(_val_loss(theta_q, theta_k, val))
+            if result.val_losses[-1] < best[0]:
+                best = (result.val_losses[-1], theta_q, theta_k, sweep)
+            elif sweep - best[3] >= patience:
+                result.stopped = "validation"
+                break
         if result.losses[-2] - loss < tol * result.losses[-2]:
             result.stopped = "converged"
             break
     result.stopped = result.stopped or "max sweeps"
+    if best is not None and best[3] != result.sweeps:  # an earlier sweep's factors
+        _, theta_q, theta_k, kept = best
+        result.losses.append(result.losses[kept])
+        result.val_losses.append(result.val_losses[kept])
     return theta_q, theta_k, result
 
 
@@ -247,7 +279,8 @@ def keep_rank_1(one: torch.Tensor, grown: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
               sweeps: int, cg_iters: int = 25, tol: float = 1e-4, log: Log | None = None,
-              label: str = "", grow: bool = True, grow_scale: float = 0.1) -> ALSResult:
+              label: str = "", grow: bool = True, grow_scale: float = 0.1,
+              val: Pairs | None = None, patience: int = 3) -> ALSResult:
     """Fit the (non-affine, unsquared) LLoPS maps ``phi_q``, ``phi_k`` to ``a`` = target(q, k)
     by :func:`als_sweeps`, from their current parameters; writes the factors back.
 
@@ -257,7 +290,9 @@ def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: t
     so a higher rank starts from (almost) the lower rank's fit. Up to ``sweeps`` each. Growing
     raises the loss by O(grow_scale^p) relative to φ; where the sweeps after it do not win that
     back (a rank-1 fit already near zero loss), the rank-1 fit is kept with the other ranks zero
-    (:func:`keep_rank_1`; ``stopped`` says so), so t > 1 never ends above t = 1.
+    (:func:`keep_rank_1`; ``stopped`` says so), so t > 1 never ends above t = 1. With ``val``
+    (validation pairs; :func:`als_sweeps`) each stage keeps its factors of least validation
+    loss, and the rank-1 fit is kept where the grown one ends above it on that loss instead.
     """
     if phi_q.affine or phi_q.square or phi_k.affine or phi_k.square:
         raise ValueError("ALS supports plain LLoPS maps (no affine factors, no squaring)")
@@ -265,18 +300,22 @@ def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: t
     first = None
     if grow and theta_q.shape[0] > 1:
         one_q, one_k, first = als_sweeps(theta_q[:1], theta_k[:1], q, k, a, sweeps, cg_iters,
-                                         tol, log, f"{label} rank 1")
+                                         tol, log, f"{label} rank 1", val, patience)
         theta_q = add_ranks(one_q, theta_q[1:].double(), grow_scale)
         theta_k = add_ranks(one_k, theta_k[1:].double(), grow_scale)
     theta_q, theta_k, result = als_sweeps(theta_q, theta_k, q, k, a, sweeps, cg_iters, tol, log,
-                                          label)
+                                          label, val, patience)
     if first is not None:
         stopped = result.stopped
-        if result.losses[-1] > first.losses[-1]:  # growing cost more than ALS won back
+        ends = result.val_losses or result.losses  # the loss that decides
+        if ends[-1] > (first.val_losses or first.losses)[-1]:  # growing did not pay
             theta_q, theta_k = keep_rank_1(one_q, theta_q), keep_rank_1(one_k, theta_k)
             result.losses.append(first.losses[-1])
+            if result.val_losses:
+                result.val_losses.append(first.val_losses[-1])
             stopped += ", rank-1 fit kept"
-        result = ALSResult(first.losses + result.losses, first.sweeps + result.sweeps, stopped)
+        result = ALSResult(first.losses + result.losses, first.sweeps + result.sweeps, stopped,
+                           first.val_losses + result.val_losses)
     phi_q.theta.copy_(theta_q.to(phi_q.theta.dtype))
     phi_k.theta.copy_(theta_k.to(phi_k.theta.dtype))
     return result

@@ -73,6 +73,10 @@ class ApproxConfig:
                                  "norm of the relative loss is <= this")
     ftol: float = opt(1e-6, help="... or once 10 steps in a row each lowered the loss by "
                                  "less than this fraction")
+    holdout_stop: bool = opt(False, help="ALS and L-BFGS also fit all but the eighth of the "
+                                         "training queries and keys that Adam holds back, and "
+                                         "keep their parameters of least loss on it (stop: 3 "
+                                         "ALS sweeps or 10 L-BFGS steps without a new least)")
     mlp_hidden: int = opt(256, help="hidden width of the 2-layer MLP maps")
     explicit_max_dim: int = opt(20_000, help="build W* explicitly on ψ_p only up to this many "
                                              "rows")
@@ -93,7 +97,7 @@ class ApproxConfig:
                         data_start=self.data_start, start=StartConfig(sweeps=self.als_sweeps,
                                                           llops_from=self.llops_start),
                         polish=PolishConfig(steps=self.polish_steps, gtol=self.gtol,
-                                            ftol=self.ftol))
+                                            ftol=self.ftol), holdout_stop=self.holdout_stop)
         return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
                            n_train=self.n_train, n_test=self.n_test, seed=self.seed,
                            mlp_hidden=self.mlp_hidden, explicit_max_dim=self.explicit_max_dim,
@@ -165,6 +169,11 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"{config.fit.polish.gtol:g}, or {config.fit.polish.patience} steps in a row each "
         f"gaining < {config.fit.polish.ftol:g} of the loss, or {config.fit.polish.steps} steps; "
         "start, steps, stop and the gradient norm at the stop per fit in table.csv). "
+        + ("Validation stop (--holdout-stop): the starts and the polish fit all but the "
+           "held-back eighth of the training queries and keys that Adam holds back, and keep "
+           "their parameters of least loss on its pairs (stop: "
+           f"{config.fit.patience} ALS sweeps or {config.fit.polish.patience} L-BFGS steps "
+           "without a new least). " if config.fit.holdout_stop else "")
         + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
            "subproblem is linear least squares, solved by conjugate gradients; at most "
            f"{config.fit.start.sweeps} sweeps) from "

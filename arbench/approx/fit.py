@@ -53,6 +53,7 @@ class FitConfig:
     data_start: bool = True
     start: StartConfig = field(default_factory=StartConfig)
     polish: PolishConfig = field(default_factory=PolishConfig)
+    holdout_stop: bool = False  # last: arbench.approx.ledger.ADDED_LATER
 
 
 @dataclass
@@ -85,6 +86,13 @@ class FitResult:
     def selection_loss(self) -> float:
         """What :func:`fit_best` compares: the best validation loss, else :attr:`final_loss`."""
         return self.best_val if self.val_curve else self.final_loss
+
+
+def hold_back(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(q_fit, k_fit, q_val, k_val)``: the last eighth (at least one) of the training queries
+    ``(nq, d)`` and keys ``(nk, d)`` held back for validation, the rest to fit."""
+    hold_q, hold_k = max(1, q.shape[0] // 8), max(1, k.shape[0] // 8)
+    return q[:-hold_q], k[:-hold_k], q[-hold_q:], k[-hold_k:]
 
 
 class Plateau:
@@ -133,8 +141,7 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
     opt = torch.optim.Adam(params, lr=config.lr)
     plateau = Plateau(config) if config.until_plateau else None
     if plateau is not None:
-        hold_q, hold_k = max(1, q.shape[0] // 8), max(1, k.shape[0] // 8)
-        q, q_val, k, k_val = q[:-hold_q], q[-hold_q:], k[:-hold_k], k[-hold_k:]
+        q, k, q_val, k_val = hold_back(q, k)
         with torch.no_grad():
             a_val = target(q_val, k_val)
         sched = None
@@ -227,10 +234,20 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     (:func:`arbench.approx.starts.data_start`, built with seed ``config.seed``); any other
     map the best Adam fit of :func:`adam_best`. Polish: full-batch L-BFGS on all the training
     pairs until stationary (:func:`arbench.approx.polish.polish`), unless
-    ``config.polish.steps`` is 0. ``None`` when ``build()`` gives ``None``.
+    ``config.polish.steps`` is 0. With ``config.holdout_stop`` both fit all but the held-back
+    eighth and keep their parameters of least loss on it (:class:`FitConfig`). ``None`` when
+    ``build()`` gives ``None``.
     """
     started = None
     a: torch.Tensor | None = None
+    val = None
+    q_adam, k_adam = q, k  # with until_plateau, Adam holds back the same eighth itself
+    if config.holdout_stop:
+        q, k, q_val, k_val = hold_back(q, k)
+        with torch.no_grad():
+            val = (q_val, k_val, target(q_val, k_val))
+        if not config.until_plateau:
+            q_adam, k_adam = q, k
     if config.data_start:
         pair = seeded_build(build, config.seed)
         if pair is None:
@@ -240,7 +257,9 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
             with torch.no_grad():
                 a = target(q.double(), k.double())
             started = data_start(pair, q, k, a, config.start,
-                                 log if config.log_every else None, label)
+                                 log if config.log_every else None, label,
+                                 None if val is None else tuple(x.double() for x in val),
+                                 config.patience)
             seconds = time.perf_counter() - start
     if started is not None:
         result = FitResult(steps=started.steps, stopped=started.stopped, seconds=seconds,
@@ -248,7 +267,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
                            start=started.name + (f" ({started.stopped})" if started.stopped
                                                  else ""))
     else:
-        fitted = adam_best(build, q, k, target, config, lrs, log, label)
+        fitted = adam_best(build, q_adam, k_adam, target, config, lrs, log, label)
         if fitted is None:
             return None
         pair, result = fitted
@@ -258,7 +277,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     if config.polish.steps > 0:
         with torch.no_grad():
             a = target(q, k) if a is None else a.to(q.dtype)
-        polished = polish(pair, q, k, a, config.polish, label)
+        polished = polish(pair, q, k, a, config.polish, label, val)
         result.polish_steps, result.grad_norm = polished.steps, polished.grad_norm
         result.stopped = polished.stopped
         if math.isnan(result.first_loss):  # no Adam steps or ALS sweeps before

@@ -30,6 +30,10 @@ Key = tuple[int, int, int, str]  # (layer, head, p, method)
 SELECTION = ("layers", "heads")
 """The source's keys that say which layers and heads were taken."""
 
+ADDED_LATER = (", holdout_stop=False",)
+"""Settings added after record files were written, as they appear in the study's repr at their
+defaults: left out of the settings line there, so those files stay resumable until one is set."""
+
 
 def settings(config: StudyConfig, source: dict[str, Any]) -> dict[str, Any]:
     """What a record depends on, as plain JSON values (see the module docstring)."""
@@ -39,7 +43,10 @@ def settings(config: StudyConfig, source: dict[str, Any]) -> dict[str, Any]:
     if source.get("qk") or meta.get("source") == "teacher":  # synthetic ones are drawn together
         source = {k: v for k, v in source.items() if k not in SELECTION}
         source["meta"] = {k: v for k, v in meta.items() if k not in SELECTION}
-    return json.loads(json.dumps({"study": repr(study), "source": source}, default=str))
+    text = repr(study)
+    for default in ADDED_LATER:
+        text = text.replace(default, "")
+    return json.loads(json.dumps({"study": text, "source": source}, default=str))
 
 
 def key(record: Record) -> Key:

@@ -6,6 +6,11 @@ gradient norm ‖∇L‖₂ over all the pair's parameters says how far the fit 
 point. Stopping rule, checked before every step: ‖∇L‖₂ ≤ ``gtol`` → ``"stationary"``; else
 ``patience`` steps in a row each lowering L by less than ``ftol``·L → ``"stalled"``; else after
 ``steps`` steps → ``"max steps"``. The gradient norm at the stop is recorded either way.
+
+Given held-back validation pairs (not fitted), the loss on them is measured before every step:
+the parameters of its least value are the ones kept, and ``patience`` steps in a row without a
+new least stop the polish (``"validation"``); the training loss and gradient norm recorded are
+the kept parameters'.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ class PolishResult:
     stopped: str = ""
     grad_norm: float = float("nan")
     seconds: float = 0.0
+    val_loss: float = float("nan")  # on the validation pairs, at the kept parameters
+
+
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Validation queries ``(nq, d)``, keys ``(nk, d)`` and their target ``(nq, nk)``."""
+
+
+def relative_loss(pair: KernelPair, q: torch.Tensor, k: torch.Tensor,
+                  a: torch.Tensor) -> torch.Tensor:
+    """‖φ_Q(q) φ_K(k)ᵀ − a‖²_F / ‖a‖²_F (a 0-dim tensor, differentiable)."""
+    return (pair(q, k) - a).pow(2).sum() / a.pow(2).sum().clamp_min(1e-30)
 
 
 def loss_and_grad(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
@@ -46,7 +62,7 @@ def loss_and_grad(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.T
     """L at the current parameters (gradients left in ``.grad``) and ‖∇L‖₂."""
     for prm in params:
         prm.grad = None
-    loss = (pair(q, k) - a).pow(2).sum() / a.pow(2).sum().clamp_min(1e-30)
+    loss = relative_loss(pair, q, k, a)
     loss.backward()
     norm = torch.sqrt(sum((prm.grad.double() ** 2).sum() for prm in params
                           if prm.grad is not None))
@@ -54,10 +70,11 @@ def loss_and_grad(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.T
 
 
 def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
-           config: PolishConfig, label: str = "") -> PolishResult:
+           config: PolishConfig, label: str = "", val: Pairs | None = None) -> PolishResult:
     """Minimise L (module docstring) over ``pair``'s trainable parameters in place.
 
-    ``q`` ``(nq, d)``, ``k`` ``(nk, d)``, ``a`` ``(nq, nk)`` = target(q, k). Raises
+    ``q`` ``(nq, d)``, ``k`` ``(nk, d)``, ``a`` ``(nq, nk)`` = target(q, k); ``val``: validation
+    pairs whose least loss picks the parameters kept (module docstring). Raises
     ``FloatingPointError`` if the loss stops being finite.
     """
     params = [prm for prm in pair.parameters() if prm.requires_grad]
@@ -78,12 +95,15 @@ def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
             cached["fresh"] = False
             return torch.tensor(cached["loss"])
         opt.zero_grad(set_to_none=True)
-        loss = (pair(q, k) - a).pow(2).sum() / a.pow(2).sum().clamp_min(1e-30)
+        loss = relative_loss(pair, q, k, a)
         loss.backward()
         return loss.detach()
 
-    slow = 0
-    previous = float("inf")
+    slow = since_best = 0
+    previous = best_val = float("inf")
+    best_state: dict[str, torch.Tensor] | None = None
+    if val is not None:
+        val = (val[0], val[1], val[2].to(val[0].dtype))
     while True:
         loss, grad_norm = loss_and_grad(pair, q, k, a, params)
         if not (torch.isfinite(torch.tensor(loss)) and torch.isfinite(torch.tensor(grad_norm))):
@@ -94,8 +114,18 @@ def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
         slow = slow + 1 if previous - loss < config.ftol * previous else 0
         previous = loss
         result.last_loss, result.grad_norm = loss, grad_norm
+        if val is not None:
+            with torch.no_grad():
+                val_loss = float(relative_loss(pair, *val))
+            if val_loss < best_val:
+                best_val, since_best = val_loss, 0
+                best_state = {n: v.detach().clone() for n, v in pair.state_dict().items()}
+            else:
+                since_best += 1
         if grad_norm <= config.gtol:
             result.stopped = "stationary"
+        elif val is not None and since_best >= config.patience:
+            result.stopped = "validation"
         elif slow >= config.patience:
             result.stopped = "stalled"
         elif result.steps >= config.steps:
@@ -105,6 +135,11 @@ def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
         cached.update(fresh=True, loss=loss)
         opt.step(closure)
         result.steps += 1
+    if best_state is not None:
+        result.val_loss = best_val
+        if since_best:  # an earlier step's parameters
+            pair.load_state_dict(best_state)
+            result.last_loss, result.grad_norm = loss_and_grad(pair, q, k, a, params)
     for prm in params:
         prm.grad = None
     result.seconds = time.perf_counter() - start

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arbench.approx.als import als_start
+from arbench.approx.als import Pairs, als_start
 from arbench.approx.methods import KernelPair, ProjectedPower, based_rank
 from arbench.approx.target import monomials
 from arbench.featuremaps import LLoPS
@@ -122,10 +122,11 @@ def start_name(pair: KernelPair) -> str | None:
 
 @torch.no_grad()
 def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
-               config: StartConfig, log: Log | None = None,
-               label: str = "") -> StartResult | None:
+               config: StartConfig, log: Log | None = None, label: str = "",
+               val: Pairs | None = None, patience: int = 3) -> StartResult | None:
     """Set ``pair``'s parameters from the training ``q`` ``(nq, d)``, ``k`` ``(nk, d)`` and
-    ``a`` = target(q, k) ``(nq, nk)`` when the map has a data-driven start; else ``None``."""
+    ``a`` = target(q, k) ``(nq, nk)`` when the map has a data-driven start; else ``None``.
+    ``val``, ``patience``: ALS's validation stop (:func:`arbench.approx.als.als_sweeps`)."""
     phi_q, phi_k = pair.phi_q, pair.phi_k
     name = start_name(pair)
     if name == "als":
@@ -133,7 +134,7 @@ def data_start(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tens
         if config.llops_from == "projection":
             how += f" from projection r={embed_projection(phi_q, phi_k, q, k, config.spare_scale)}"
         result = als_start(phi_q, phi_k, q, k, a, config.sweeps, config.cg_iters, config.tol,
-                           log, label, config.grow, config.grow_scale)
+                           log, label, config.grow, config.grow_scale, val, patience)
         return StartResult(how, result.sweeps, result.stopped, result.losses[0],
                            result.losses[-1])
     if name == "svd":

@@ -10,6 +10,7 @@ from arbench.approx.als import (
     normal_matvec,
     normal_matvec_reference,
     projections,
+    relative_loss,
     row_blocks,
     solve_factor,
 )
@@ -161,3 +162,32 @@ def test_a_grown_fit_that_ends_above_rank_1_keeps_the_rank_1_fit():
     with torch.no_grad():
         torch.testing.assert_close(pairs[2].phi_q(q) @ pairs[2].phi_k(k).T,
                                    pairs[1].phi_q(q) @ pairs[1].phi_k(k).T)
+
+
+def noisy_split(seed: int, d: int = 4, p: int = 3) -> tuple[torch.Tensor, ...]:
+    """12 training pairs of (q·k)^p plus noise (half its std) and 28 clean validation ones:
+    a fit of the noise on so few pairs raises the validation loss."""
+    q, k = gaussian_qk(40, d, seed=seed)
+    q, k = q.double(), k.double()
+    a = (q @ k.T) ** p
+    gen = torch.Generator().manual_seed(seed)
+    noisy = a + torch.randn(a.shape, generator=gen, dtype=torch.float64) * a.std() * 0.5
+    return q[:12], k[:12], noisy[:12, :12], q[12:], k[12:], a[12:, 12:]
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_als_with_validation_pairs_keeps_its_least_validation_loss_and_stops_early(t):
+    q, k, a, q_val, k_val, a_val = noisy_split(seed=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pair = llops_pair(4, 6, 3, t)
+    result = als_start(pair.phi_q, pair.phi_k, q, k, a, sweeps=40, tol=0.0,
+                       val=(q_val, k_val, a_val), patience=3)
+    assert result.stopped.startswith("validation") and result.sweeps < 40 * (1 + (t > 1))
+    assert result.val_losses[-1] == min(result.val_losses) < max(result.val_losses)
+    with torch.no_grad():
+        kept = relative_loss(pair.phi_q(q_val).double(), pair.phi_k(k_val).double(), a_val)
+        fitted = relative_loss(pair.phi_q(q).double(), pair.phi_k(k).double(), a)
+    assert kept == pytest.approx(result.val_losses[-1], rel=1e-5)
+    assert fitted == pytest.approx(result.losses[-1], rel=1e-5)
+    assert len(result.val_losses) == len(result.losses)

@@ -54,6 +54,19 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
             assert row["fit_start"] == row["grad_norm"] == "", row
 
 
+def test_holdout_stop_fits_every_map_and_says_so(tmp_path):
+    out = tmp_path / "approx"
+    assert main(["--synthetic", "--layers", "0", "--head-dim", "4", "--out", str(out),
+                 "--holdout-stop", *TINY]) == 0
+    assert "Validation stop (--holdout-stop)" in (out / "table.md").read_text()
+    with (out / "table.csv").open() as fh:
+        fitted = [row for row in csv.DictReader(fh) if row["fit_stop"]]
+    assert {row["method"] for row in fitted} == {"2-layer MLP", "Flatten", "BASED-style",
+                                                 "LLoPS t=1", "LLoPS t=2"}
+    for row in fitted:
+        assert row["fit_stop"] in ("stationary", "stalled", "max steps", "validation"), row
+
+
 def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     ckpt = tmp_path / "teacher.ckpt"
     torch.save({"state_dict": {}}, ckpt)  # read tensors only before the (fake) Lightning

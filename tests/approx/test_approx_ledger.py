@@ -101,3 +101,14 @@ def test_synthetic_layers_drawn_together_keep_their_selection(tmp_path, capsys):
     others = [*TINY[:TINY.index("--layers") + 1], "0", *TINY[TINY.index("--head-dim"):]]
     assert main([*others, "--ranks", "1", "--out", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_a_setting_added_later_keeps_older_record_files_resumable_at_its_default(tmp_path,
+                                                                                  capsys):
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    head = json.loads((out / LEDGER_NAME).read_text().splitlines()[0])
+    assert "holdout_stop" not in head["settings"]["study"]  # as written before it existed
+    capsys.readouterr()
+    assert main([*TINY, "--ranks", "1", "--holdout-stop", "--out", str(out)]) == 2
+    assert "other settings" in capsys.readouterr().err

@@ -45,3 +45,25 @@ def test_polish_leaves_unfitted_maps_alone():
     result = polish(sketch, q, k, poly_kernel(q, k, 2), PolishConfig())
     assert result.steps == 0 and result.stopped == ""
     torch.testing.assert_close(sketch(q, k), before)
+
+
+def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
+    # 12 noisy training pairs, 28 clean validation ones: fitting the noise raises the
+    # validation loss, so the polish stops there and returns its best parameters
+    q, k = gaussian_qk(40, 4, seed=0)
+    q, k = q.double(), k.double()
+    a = poly_kernel(q, k, 3)
+    noisy = a + torch.randn(a.shape, generator=torch.Generator().manual_seed(0),
+                            dtype=torch.float64) * a.std() * 0.5
+    torch.manual_seed(0)
+    pair = llops_pair(4, 6, 3, 2).double()
+    val = (q[12:], k[12:], a[12:, 12:])
+    result = polish(pair, q[:12], k[:12], noisy[:12, :12],
+                    PolishConfig(steps=300, gtol=0.0, ftol=0.0, patience=5), val=val)
+    assert result.stopped == "validation" and result.steps < 300
+    with torch.no_grad():
+        kept = float((pair(q[12:], k[12:]) - a[12:, 12:]).pow(2).sum() / a[12:, 12:].pow(2).sum())
+    assert kept == pytest.approx(result.val_loss, rel=1e-9)
+    params = [prm for prm in pair.parameters() if prm.requires_grad]
+    loss, grad_norm = loss_and_grad(pair, q[:12], k[:12], noisy[:12, :12], params)
+    assert (loss, grad_norm) == pytest.approx((result.last_loss, result.grad_norm), rel=1e-9)
