@@ -73,10 +73,10 @@ class ApproxConfig:
                                  "norm of the relative loss is <= this")
     ftol: float = opt(1e-6, help="... or once 10 steps in a row each lowered the loss by "
                                  "less than this fraction")
-    holdout_stop: bool = opt(False, help="ALS and L-BFGS also fit all but the eighth of the "
-                                         "training queries and keys that Adam holds back, and "
-                                         "keep their parameters of least loss on it (stop: 3 "
-                                         "ALS sweeps or 10 L-BFGS steps without a new least)")
+    val_seqs: int = opt(0, help="hold back the last N of the --train-seqs sequences as "
+                                "validation pairs: every fit (Adam, ALS, L-BFGS) keeps its "
+                                "parameters of least loss on them (0: Adam holds back an eighth "
+                                "of the training tokens; ALS and L-BFGS fit to their own rules)")
     mlp_hidden: int = opt(256, help="hidden width of the 2-layer MLP maps")
     explicit_max_dim: int = opt(20_000, help="build W* explicitly on ψ_p only up to this many "
                                              "rows")
@@ -97,11 +97,11 @@ class ApproxConfig:
                         data_start=self.data_start, start=StartConfig(sweeps=self.als_sweeps,
                                                           llops_from=self.llops_start),
                         polish=PolishConfig(steps=self.polish_steps, gtol=self.gtol,
-                                            ftol=self.ftol), holdout_stop=self.holdout_stop)
+                                            ftol=self.ftol))
         return StudyConfig(ps=self.ps, m=self.m, ranks=self.ranks, fit=fit, lrs=self.lrs,
                            n_train=self.n_train, n_test=self.n_test, seed=self.seed,
                            mlp_hidden=self.mlp_hidden, explicit_max_dim=self.explicit_max_dim,
-                           methods=self.methods,
+                           methods=self.methods, val_seqs=self.val_seqs,
                            method_configs=tuple(map(load_method_config, self.method_configs)))
 
 
@@ -169,11 +169,13 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"{config.fit.polish.gtol:g}, or {config.fit.polish.patience} steps in a row each "
         f"gaining < {config.fit.polish.ftol:g} of the loss, or {config.fit.polish.steps} steps; "
         "start, steps, stop and the gradient norm at the stop per fit in table.csv). "
-        + ("Validation stop (--holdout-stop): the starts and the polish fit all but the "
-           "held-back eighth of the training queries and keys that Adam holds back, and keep "
-           "their parameters of least loss on its pairs (stop: "
-           f"{config.fit.patience} ALS sweeps or {config.fit.polish.patience} L-BFGS steps "
-           "without a new least). " if config.fit.holdout_stop else "")
+        + (f"Validation (--val-seqs {config.val_seqs}): all tokens of the last "
+           f"{config.val_seqs} training-only sequences, which train nothing; every fit, the "
+           "Adam fits, ALS and the polish, keeps its parameters of least loss on their pairs "
+           f"(stop: {config.fit.patience} checks, {config.fit.patience} ALS sweeps or "
+           f"{config.fit.polish.patience} L-BFGS steps without a new least; a grown CP rank "
+           "keeps the rank-1 fit where it ends above it on that loss). "
+           if config.val_seqs else "")
         + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
            "subproblem is linear least squares, solved by conjugate gradients; at most "
            f"{config.fit.start.sweeps} sweeps) from "
@@ -185,8 +187,10 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
            "projections that make (qW_Q)·(kW_K) the best rank-r approximation of q·k on the "
            "training pairs; " if config.fit.data_start else "Starts: ")
         + f"MLP{'' if config.fit.data_start else ', LLoPS, BASED-style'} and Flatten from Adam "
-        f"until the loss on a held-back eighth of the training queries and keys stopped "
-        f"improving (lr /10 after 3 checks without a 1% gain, twice; at most "
+        + ("until the validation loss stopped improving" if config.val_seqs else
+           "until the loss on a held-back eighth of the training queries and keys stopped "
+           "improving")
+        + f" (lr /10 after 3 checks without a 1% gain, twice; at most "
         f"{config.fit.steps} steps), lr chosen per method and layer from "
         f"{list(config.lrs or (config.fit.lr,))} by that validation loss, "
         f"{config.fit.batch}×{config.fit.batch} pairs a step, seed {config.fit.seed}, estimate "
@@ -217,6 +221,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     config = cfg.study()
     check_settings(config)  # fail before any extraction work
     check_int("--train-seqs", cfg.train_seqs, minimum=0)
+    if cfg.val_seqs > cfg.train_seqs and not cfg.qk:
+        raise ValueError(f"--val-seqs {cfg.val_seqs} needs as many training-only sequences "
+                         f"(--train-seqs), got {cfg.train_seqs}")
     check_writable(cfg.out, "--out")
     if cfg.save_qk:
         check_writable(Path(cfg.save_qk).parent, "--save-qk")

@@ -36,6 +36,13 @@ class FitConfig:
     data (:mod:`arbench.approx.starts`, settings ``start``) instead of the Adam fit; then every
     fitted map is polished by full-batch L-BFGS to a stationary point (:mod:`arbench.approx.
     polish`, settings ``polish``; ``polish.steps = 0`` turns it off).
+
+    Validation pairs given to :func:`fit_best` (whole sequences held back from training,
+    :func:`arbench.approx.study.split_pairs`) replace Adam's held-back eighth, and the data
+    starts and the polish keep their parameters of least loss on them too (ALS: stop after
+    ``patience`` sweeps without a new least; L-BFGS: after ``polish.patience`` steps), so every
+    fit of every map stops on the same pairs. Without them ALS and L-BFGS fit every training
+    pair to their own stopping rules.
     """
 
     steps: int = 1000
@@ -53,7 +60,6 @@ class FitConfig:
     data_start: bool = True
     start: StartConfig = field(default_factory=StartConfig)
     polish: PolishConfig = field(default_factory=PolishConfig)
-    holdout_stop: bool = False  # last: arbench.approx.ledger.ADDED_LATER
 
 
 @dataclass
@@ -125,13 +131,15 @@ class Plateau:
 
 
 def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
-             config: FitConfig, log: Log | None = None, label: str = "") -> FitResult:
+             config: FitConfig, log: Log | None = None, label: str = "",
+             val: tuple[torch.Tensor, torch.Tensor] | None = None) -> FitResult:
     """Minimise ‖φ_Q(q_B) φ_K(k_B)ᵀ − target(q_B, k_B)‖_F² / ‖target‖_F² over random batches.
 
     ``q`` ``(nq, d)`` and ``k`` ``(nk, d)`` are the training queries and keys; every step draws
     ``min(batch, n)`` of each (seeded), so all their pairs are in reach (less the validation
-    eighth with ``until_plateau``). Returns the :class:`FitResult` (losses, validation curve,
-    best validation loss, steps run and why the fit stopped).
+    eighth with ``until_plateau``, unless validation queries and keys ``val`` are given). Returns
+    the :class:`FitResult` (losses, validation curve, best validation loss, steps run and why
+    the fit stopped).
     """
     result = FitResult(lr=config.lr)
     params = [prm for prm in pair.parameters() if prm.requires_grad]
@@ -141,7 +149,7 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
     opt = torch.optim.Adam(params, lr=config.lr)
     plateau = Plateau(config) if config.until_plateau else None
     if plateau is not None:
-        q, k, q_val, k_val = hold_back(q, k)
+        q, k, q_val, k_val = hold_back(q, k) if val is None else (q, k, *val)
         with torch.no_grad():
             a_val = target(q_val, k_val)
         sched = None
@@ -191,7 +199,8 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
 
 def adam_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.Tensor,
               target: Target, config: FitConfig, lrs: Sequence[float], log: Log | None = None,
-              label: str = "") -> tuple[KernelPair, FitResult] | None:
+              label: str = "", val: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[KernelPair, FitResult] | None:
     """Fit a fresh ``build()`` with Adam (:func:`fit_pair`) per learning rate in ``lrs`` and
     restart seed.
 
@@ -206,7 +215,8 @@ def adam_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.
         pair = seeded_build(build, seed)
         if pair is None:
             return None
-        result = fit_pair(pair, q, k, target, replace(config, lr=lr, seed=seed), log, label)
+        result = fit_pair(pair, q, k, target, replace(config, lr=lr, seed=seed), log, label,
+                          val)
         total += result.seconds
         if not pair.fitted:
             return pair, result
@@ -226,7 +236,8 @@ def seeded_build(build: Callable[[], KernelPair | None], seed: int) -> KernelPai
 
 def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.Tensor,
              target: Target, config: FitConfig, lrs: Sequence[float], log: Log | None = None,
-             label: str = "") -> tuple[KernelPair, FitResult] | None:
+             label: str = "", val: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[KernelPair, FitResult] | None:
     """Start, then polish: the study's fit of one method on training ``q`` ``(nq, d)``, ``k``
     ``(nk, d)``.
 
@@ -234,20 +245,16 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     (:func:`arbench.approx.starts.data_start`, built with seed ``config.seed``); any other
     map the best Adam fit of :func:`adam_best`. Polish: full-batch L-BFGS on all the training
     pairs until stationary (:func:`arbench.approx.polish.polish`), unless
-    ``config.polish.steps`` is 0. With ``config.holdout_stop`` both fit all but the held-back
-    eighth and keep their parameters of least loss on it (:class:`FitConfig`). ``None`` when
-    ``build()`` gives ``None``.
+    ``config.polish.steps`` is 0. With validation queries and keys ``val`` ``((nv, d), (nv, d))``
+    every stage keeps its parameters of least loss on their pairs (:class:`FitConfig`). ``None``
+    when ``build()`` gives ``None``.
     """
     started = None
     a: torch.Tensor | None = None
-    val = None
-    q_adam, k_adam = q, k  # with until_plateau, Adam holds back the same eighth itself
-    if config.holdout_stop:
-        q, k, q_val, k_val = hold_back(q, k)
+    pairs = None
+    if val is not None:
         with torch.no_grad():
-            val = (q_val, k_val, target(q_val, k_val))
-        if not config.until_plateau:
-            q_adam, k_adam = q, k
+            pairs = (val[0], val[1], target(val[0], val[1]))
     if config.data_start:
         pair = seeded_build(build, config.seed)
         if pair is None:
@@ -258,7 +265,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
                 a = target(q.double(), k.double())
             started = data_start(pair, q, k, a, config.start,
                                  log if config.log_every else None, label,
-                                 None if val is None else tuple(x.double() for x in val),
+                                 None if pairs is None else tuple(x.double() for x in pairs),
                                  config.patience)
             seconds = time.perf_counter() - start
     if started is not None:
@@ -267,7 +274,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
                            start=started.name + (f" ({started.stopped})" if started.stopped
                                                  else ""))
     else:
-        fitted = adam_best(build, q_adam, k_adam, target, config, lrs, log, label)
+        fitted = adam_best(build, q, k, target, config, lrs, log, label, val)
         if fitted is None:
             return None
         pair, result = fitted
@@ -277,7 +284,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
     if config.polish.steps > 0:
         with torch.no_grad():
             a = target(q, k) if a is None else a.to(q.dtype)
-        polished = polish(pair, q, k, a, config.polish, label, val)
+        polished = polish(pair, q, k, a, config.polish, label, pairs)
         result.polish_steps, result.grad_norm = polished.steps, polished.grad_norm
         result.stopped = polished.stopped
         if math.isnan(result.first_loss):  # no Adam steps or ALS sweeps before

@@ -30,7 +30,7 @@ Key = tuple[int, int, int, str]  # (layer, head, p, method)
 SELECTION = ("layers", "heads")
 """The source's keys that say which layers and heads were taken."""
 
-ADDED_LATER = (", holdout_stop=False",)
+ADDED_LATER = (", val_seqs=0",)
 """Settings added after record files were written, as they appear in the study's repr at their
 defaults: left out of the settings line there, so those files stay resumable until one is set."""
 

@@ -31,6 +31,7 @@ class StudyConfig:
     explicit_max_dim: int = 20_000
     methods: tuple[str, ...] = METHOD_KEYS
     method_configs: tuple[MethodConfig, ...] = ()  # fitted beside ``methods``
+    val_seqs: int = 0  # last: arbench.approx.ledger.ADDED_LATER; see study.split_pairs
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,13 +38,16 @@ Log = Callable[[str], None]
 
 @dataclass
 class Split:
-    """Normalised training and held-out queries/keys, each ``(n, d)``; ``scale`` = c."""
+    """Normalised training and held-out queries/keys, each ``(n, d)``; ``scale`` = c; with
+    ``val_seqs``, the validation queries/keys ``(n_val, d)`` (else ``None``)."""
 
     q_train: torch.Tensor
     k_train: torch.Tensor
     q_test: torch.Tensor
     k_test: torch.Tensor
     scale: float
+    q_val: torch.Tensor | None = None
+    k_val: torch.Tensor | None = None
 
 
 def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig,
@@ -52,14 +55,19 @@ def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig,
     """``(train sequences, train tokens, held-out tokens)`` the split will use.
 
     The first ``num_seqs − train_only`` sequences are split (``train_fraction`` train, the
-    rest held out); the last ``train_only`` add to the training ones.
+    rest held out); the last ``train_only`` add to the training ones, less the last
+    ``config.val_seqs`` of them, which are validation sequences.
     """
     base = num_seqs - train_only
     if base < 2:
         raise ValueError(f"need at least 2 sequences besides the training-only ones to hold "
                          f"some out, got {base}")
+    if config.val_seqs > train_only:
+        raise ValueError(f"--val-seqs {config.val_seqs} needs as many training-only sequences "
+                         f"(--train-seqs), got {train_only}")
+    extra = train_only - config.val_seqs
     s_train = min(max(1, round(base * config.train_fraction)), base - 1)
-    return (s_train + train_only, min(config.n_train, (s_train + train_only) * seq_len),
+    return (s_train + extra, min(config.n_train, (s_train + extra) * seq_len),
             min(config.n_test, (base - s_train) * seq_len))
 
 
@@ -75,12 +83,15 @@ def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig,
 
     The held-out tokens are drawn from the first ``S − train_only`` sequences exactly as
     without training-only ones; the training tokens are that split's (in its seeded order)
-    followed by the training-only sequences' (own seeded order), cut to ``n_train``.
+    followed by the training-only sequences' (own seeded order), cut to ``n_train``. With
+    ``config.val_seqs`` = v > 0 the last v training-only sequences train nothing: all their
+    tokens are the validation queries/keys, disjoint by sequence from the training and the
+    held-out ones, as the held-out ones are from the training ones.
     """
     s, n, d = q.shape
-    base = s - train_only
+    base, v = s - train_only, config.val_seqs
     _, n_train, n_test = split_sizes(s, n, config, train_only)
-    s_train, _, _ = split_sizes(base, n, config)
+    s_train, _, _ = split_sizes(base, n, replace(config, val_seqs=0))
     gen = torch.Generator().manual_seed(config.seed)
     order = torch.randperm(base, generator=gen)
     tr, te = order[:s_train], order[s_train:]
@@ -94,8 +105,8 @@ def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig,
     q_te, k_te = tokens(q, te, n_test, pick_te), tokens(k, te, n_test, pick_te)
     more = n_train - q_tr.shape[0]
     if more > 0:
-        extra = torch.arange(base, s)
-        pick_x = torch.randperm(train_only * n, generator=torch.Generator().manual_seed(
+        extra = torch.arange(base, s - v)
+        pick_x = torch.randperm((train_only - v) * n, generator=torch.Generator().manual_seed(
             config.seed + 1))
         q_tr = torch.cat([q_tr, tokens(q, extra, more, pick_x)])
         k_tr = torch.cat([k_tr, tokens(k, extra, more, pick_x)])
@@ -104,7 +115,12 @@ def split_pairs(q: torch.Tensor, k: torch.Tensor, config: StudyConfig,
         raise ValueError("queries and keys are degenerate: q·k is zero (or not finite) on all "
                          "training pairs")
     root = math.sqrt(c)
-    return Split(q_tr / root, k_tr / root, q_te / root, k_te / root, c)
+    split = Split(q_tr / root, k_tr / root, q_te / root, k_te / root, c)
+    if v:
+        held = torch.arange(s - v, s)
+        split.q_val = q[held].reshape(-1, d).float() / root
+        split.k_val = k[held].reshape(-1, d).float() / root
+    return split
 
 
 def check_settings(config: StudyConfig) -> None:
@@ -114,6 +130,7 @@ def check_settings(config: StudyConfig) -> None:
     for p in config.ps:
         check_p(p)
     check_int("m", config.m)
+    check_int("--val-seqs", config.val_seqs, minimum=0)
     for t in config.ranks:
         check_int("every LLoPS rank t", t)
     unknown = [x for x in config.methods if x not in METHOD_KEYS]
@@ -203,8 +220,9 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
             if log:
                 log(f"{tag}: from {ledger.path}, held-out RMAE {stored.rmae:.4f}")
             continue
+        val = None if split.q_val is None else (split.q_val, split.k_val)
         fitted = fit_best(build, split.q_train, split.k_train, lambda x, y: poly_kernel(x, y, p),
-                          config.fit, config.lrs or (config.fit.lr,), log, tag)
+                          config.fit, config.lrs or (config.fit.lr,), log, tag, val)
         if fitted is None:
             if log:
                 log(f"{tag}: skipped (no r with C(r+p-1, p) <= m={config.m})")

@@ -54,11 +54,11 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
             assert row["fit_start"] == row["grad_norm"] == "", row
 
 
-def test_holdout_stop_fits_every_map_and_says_so(tmp_path):
+def test_validation_sequences_stop_every_fit_and_the_table_says_so(tmp_path):
     out = tmp_path / "approx"
     assert main(["--synthetic", "--layers", "0", "--head-dim", "4", "--out", str(out),
-                 "--holdout-stop", *TINY]) == 0
-    assert "Validation stop (--holdout-stop)" in (out / "table.md").read_text()
+                 "--train-seqs", "4", "--val-seqs", "2", *TINY]) == 0
+    assert "Validation (--val-seqs 2): all tokens of the last 2" in (out / "table.md").read_text()
     with (out / "table.csv").open() as fh:
         fitted = [row for row in csv.DictReader(fh) if row["fit_stop"]]
     assert {row["method"] for row in fitted} == {"2-layer MLP", "Flatten", "BASED-style",
@@ -94,6 +94,9 @@ def test_teacher_and_saved_extraction(tmp_path, monkeypatch, capsys):
     (["--synthetic", "--polish-steps", "-1"], "error: L-BFGS steps must be >= 0"),
     (["--synthetic", "--gtol", "-1"], "error: L-BFGS steps must be >= 0, gtol >= 0"),
     (["--synthetic", "--als-sweeps", "-2"], "error: ALS sweeps must be >= 0"),
+    (["--synthetic", "--train-seqs", "3", "--val-seqs", "4"],
+     "error: --val-seqs 4 needs as many training-only sequences (--train-seqs), got 3"),
+    (["--synthetic", "--val-seqs", "-1"], "error: --val-seqs must be an integer >= 0, got -1"),
     (["--teacher", "{evil}"], "evil.ckpt refused: it holds an object other than tensors"),
 ])
 def test_bad_input_gives_one_line(args, message, tmp_path, monkeypatch, capsys):

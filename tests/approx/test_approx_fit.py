@@ -130,14 +130,14 @@ def test_fit_until_plateau_stops_early_and_keeps_the_best_validation_state():
     assert (fixed.steps, fixed.stopped, fixed.val_curve) == (300, "", [])
 
 
-def test_holdout_stop_fits_all_but_the_eighth_that_adam_holds_back(monkeypatch):
+def test_validation_pairs_reach_every_stage_and_every_training_pair_is_fitted(monkeypatch):
     from arbench.approx import fit
 
     seen = {}
 
     def spy(name, real):
         def call(pair, q, k, a, *args, **kwargs):  # a: the target (Adam: its function)
-            val = {"start": args[-2], "polish": args[-1], "adam": None}[name]
+            val = {"start": args[-2], "polish": args[-1], "adam": args[-1]}[name]
             seen[name] = (q, k, getattr(a, "shape", None), val)
             return real(pair, q, k, a, *args, **kwargs)
         return call
@@ -147,17 +147,20 @@ def test_holdout_stop_fits_all_but_the_eighth_that_adam_holds_back(monkeypatch):
     monkeypatch.setattr(fit, "fit_pair", spy("adam", fit.fit_pair))
     d, m, p = 4, 6, 2
     q, k = gaussian_qk(64, d, seed=5)
-    config = FitConfig(steps=20, holdout_stop=True, polish=PolishConfig(steps=5))
+    q_val, k_val = gaussian_qk(16, d, seed=6)
+    config = FitConfig(steps=20, check_every=5, polish=PolishConfig(steps=5))
     for build, stages in ((lambda: llops_pair(d, m, p, 1), ("start", "polish")),
                           (lambda: mlp_pair(d, m, hidden=8), ("adam", "polish"))):
         seen.clear()
-        fit_best(build, q, k, lambda x, y: poly_kernel(x, y, p), config, lrs=[1e-2])
+        _, result = fit_best(build, q, k, lambda x, y: poly_kernel(x, y, p), config,
+                             lrs=[1e-2], val=(q_val, k_val))
         assert set(seen) == set(stages)
         for stage in stages:
             fq, fk, shape, val = seen[stage]
-            if stage == "adam":  # given every training pair, it holds back the same eighth
-                assert torch.equal(fq, q) and torch.equal(fk, k) and val is None
-                continue
-            assert torch.equal(fq, q[:56]) and torch.equal(fk, k[:56]) and shape == (56, 56)
-            assert torch.equal(val[0].float(), q[56:]) and torch.equal(val[1].float(), k[56:])
-            torch.testing.assert_close(val[2].float(), poly_kernel(q[56:], k[56:], p))
+            assert torch.equal(fq, q) and torch.equal(fk, k)  # no eighth held back
+            assert torch.equal(val[0].float(), q_val) and torch.equal(val[1].float(), k_val)
+            if stage != "adam":  # the pairs' target too
+                assert shape == (64, 64)
+                torch.testing.assert_close(val[2].float(), poly_kernel(q_val, k_val, p))
+        if "adam" in stages:  # the validation curve is measured on those pairs
+            assert result.val_curve and result.best_val >= 0

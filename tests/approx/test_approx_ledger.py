@@ -108,7 +108,7 @@ def test_a_setting_added_later_keeps_older_record_files_resumable_at_its_default
     out = tmp_path / "out"
     assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
     head = json.loads((out / LEDGER_NAME).read_text().splitlines()[0])
-    assert "holdout_stop" not in head["settings"]["study"]  # as written before it existed
+    assert "val_seqs" not in head["settings"]["study"]  # as written before it existed
     capsys.readouterr()
-    assert main([*TINY, "--ranks", "1", "--holdout-stop", "--out", str(out)]) == 2
+    assert main([*TINY, "--ranks", "1", "--val-seqs", "2", "--out", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err

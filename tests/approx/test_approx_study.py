@@ -61,3 +61,27 @@ def test_pair_scale_is_the_rms_of_all_dot_products():
     q, k = gaussian_qk(30, 5, seed=4)
     direct = float((q.double() @ k.double().T).pow(2).mean().sqrt())
     assert pair_scale(q, k) == pytest.approx(direct, rel=1e-12)
+
+
+def test_validation_sequences_are_held_back_whole_and_change_nothing_else():
+    qk = synthetic_qk([0], head_dim=4, num_seqs=6, seq_len=16, seed=3, train_seqs=5)
+    q, k = qk.q[0, 0], qk.k[0, 0]
+    plain = split_pairs(q, k, StudyConfig(n_train=200, n_test=40), train_only=5)
+    split = split_pairs(q, k, StudyConfig(n_train=200, n_test=40, val_seqs=2), train_only=5)
+    assert plain.q_val is None and split.q_val.shape == (2 * 16, 4)
+    root = split.scale ** 0.5
+    torch.testing.assert_close(split.q_val * root, q[9:].reshape(-1, 4))  # the last 2, whole
+    torch.testing.assert_close(split.k_val * root, k[9:].reshape(-1, 4))
+    train = split.q_train * root
+    val_rows = q[9:].reshape(-1, 4)
+    assert not any(bool((val_rows == row).all(dim=1).any()) for row in train)
+    # 3 x 16 split tokens, then the 3 remaining training-only sequences' 48: 96 < n_train
+    assert train.shape[0] == 96 and plain.q_train.shape[0] == 48 + 80
+    ratio = (split.scale / plain.scale) ** 0.5
+    torch.testing.assert_close(split.q_test * ratio, plain.q_test)  # held-out pairs unchanged
+
+
+def test_more_validation_sequences_than_training_only_ones_is_one_line():
+    q = torch.randn(8, 8, 3)
+    with pytest.raises(ValueError, match="--val-seqs 3 needs as many training-only sequences"):
+        split_pairs(q, q, StudyConfig(val_seqs=3), train_only=2)
