@@ -17,7 +17,13 @@ from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
 from arbench.approx.starts import LLOPS_STARTS, StartConfig
-from arbench.approx.study import METHOD_KEYS, StudyConfig, check_settings, run_study
+from arbench.approx.study import (
+    METHOD_KEYS,
+    StudyConfig,
+    check_settings,
+    check_val_seqs,
+    run_study,
+)
 from arbench.approx.synthetic import synthetic_qk
 from arbench.checks import OneLineParser, check_int, check_writable
 from arbench.options import add_options, given, opt
@@ -221,9 +227,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     config = cfg.study()
     check_settings(config)  # fail before any extraction work
     check_int("--train-seqs", cfg.train_seqs, minimum=0)
-    if cfg.val_seqs > cfg.train_seqs and not cfg.qk:
-        raise ValueError(f"--val-seqs {cfg.val_seqs} needs as many training-only sequences "
-                         f"(--train-seqs), got {cfg.train_seqs}")
+    if not cfg.qk:  # a saved extraction's training-only count is known once it is loaded
+        check_val_seqs(cfg.val_seqs, cfg.train_seqs)
     check_writable(cfg.out, "--out")
     if cfg.save_qk:
         check_writable(Path(cfg.save_qk).parent, "--save-qk")

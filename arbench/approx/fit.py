@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from arbench.approx.methods import KernelPair
-from arbench.approx.polish import PolishConfig, polish
+from arbench.approx.polish import PolishConfig, polish, relative_loss
 from arbench.approx.starts import StartConfig, data_start, start_name
 
 Target = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -167,7 +167,7 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
                 norm = torch.linalg.norm(pair(qb, kb))
                 if norm > 0:
                     pair.rescale_(float(config.init_ratio * torch.linalg.norm(a) / norm))
-        loss = (pair(qb, kb) - a).pow(2).sum() / a.pow(2).sum().clamp_min(1e-30)
+        loss = relative_loss(pair, qb, kb, a)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{label or pair.name}: loss is {loss.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
@@ -181,10 +181,9 @@ def fit_pair(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, target: Target,
             log(f"  {label or pair.name}: step {step}/{config.steps} loss {loss.item():.4g}")
         if plateau is not None and step % config.check_every == 0:
             with torch.no_grad():
-                val = float((pair(q_val, k_val) - a_val).pow(2).sum()
-                            / a_val.pow(2).sum().clamp_min(1e-30))
-            result.val_curve.append((step, val))
-            if plateau.update(val, pair, opt):
+                val_loss = float(relative_loss(pair, q_val, k_val, a_val))
+            result.val_curve.append((step, val_loss))
+            if plateau.update(val_loss, pair, opt):
                 result.stopped = "plateau"
                 break
     if plateau is not None:
@@ -264,8 +263,7 @@ def fit_best(build: Callable[[], KernelPair | None], q: torch.Tensor, k: torch.T
             with torch.no_grad():
                 a = target(q.double(), k.double())
             started = data_start(pair, q, k, a, config.start,
-                                 log if config.log_every else None, label,
-                                 None if pairs is None else tuple(x.double() for x in pairs),
+                                 log if config.log_every else None, label, pairs,
                                  config.patience)
             seconds = time.perf_counter() - start
     if started is not None:

@@ -50,6 +50,13 @@ class Split:
     k_val: torch.Tensor | None = None
 
 
+def check_val_seqs(val_seqs: int, train_only: int) -> None:
+    """Raise ``ValueError`` (one line) unless ``val_seqs`` ≤ the training-only sequences."""
+    if val_seqs > train_only:
+        raise ValueError(f"--val-seqs {val_seqs} needs as many training-only sequences "
+                         f"(--train-seqs), got {train_only}")
+
+
 def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig,
                 train_only: int = 0) -> tuple[int, int, int]:
     """``(train sequences, train tokens, held-out tokens)`` the split will use.
@@ -62,9 +69,7 @@ def split_sizes(num_seqs: int, seq_len: int, config: StudyConfig,
     if base < 2:
         raise ValueError(f"need at least 2 sequences besides the training-only ones to hold "
                          f"some out, got {base}")
-    if config.val_seqs > train_only:
-        raise ValueError(f"--val-seqs {config.val_seqs} needs as many training-only sequences "
-                         f"(--train-seqs), got {train_only}")
+    check_val_seqs(config.val_seqs, train_only)
     extra = train_only - config.val_seqs
     s_train = min(max(1, round(base * config.train_fraction)), base - 1)
     return (s_train + extra, min(config.n_train, (s_train + extra) * seq_len),
