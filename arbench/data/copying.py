@@ -1,23 +1,29 @@
 """Selective copying: tokens scattered among blanks, then a copy marker; the model outputs the
-tokens in their order. MAD's ``selective_copying`` semantics, vectorised and seeded.
+tokens in their order. MAD's ``selective_copying`` semantics (athms/mad-lab,
+``mad/data/instances.py``), vectorised and seeded.
 
-Layout of one example copying ``T`` tokens::
+Layout of one example copying ``T`` tokens, with ``B = seq_len - 2T - 1`` blanks among them::
 
-    region of seq_len - T - 1 tokens: T content tokens at random places, blanks elsewhere
+    region of T + B tokens: the T content tokens in order, blanks between and before them
     | copy marker | T blanks (the answers: the content tokens in order)
 
 Token 0 is the blank, ``vocab_size - 1`` the copy marker, content tokens are drawn uniformly
-(with replacement) from ``[1, vocab_size - 1)``, and their places are a uniformly random set of
-``T`` of the region's positions, kept in order. The label at the ``i``-th blank after the
-marker is the ``i``-th content token; every other label is ``IGNORE_INDEX``.
+(with replacement) from ``[1, vocab_size - 1)``. As in MAD, each of the ``B`` blanks goes in
+front of one of the ``T`` content tokens, chosen uniformly and independently (so the blanks
+before each token are multinomial, ``B / T`` on average), and none after the last one: the
+last content token always stands just before the marker. The label at the ``i``-th blank after
+the marker is the ``i``-th content token; every other label is ``IGNORE_INDEX``. (MAD's ids
+differ: its blank is ``vocab_size - 2`` and its content tokens ``[0, vocab_size - 2)``; the
+same number of content tokens.)
 
 Worked example (``num_examples=1, seq_len=12, num_tokens_to_copy=3, vocab_size=8, seed=0``;
 ``.`` is ``IGNORE_INDEX``)::
 
-    inputs   3  4  0  0  0  0  0  6  7  0  0  0
+    inputs   0  0  3  0  0  0  4  6  7  0  0  0
     labels   .  .  .  .  .  .  .  .  .  3  4  6
 
-(the region is the first 8 tokens, 7 is the copy marker).
+(the region is the first 8 tokens, with 5 blanks: two before 3, three before 4, none before 6;
+7 is the copy marker).
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ def generate_selective_copying(num_examples: int, seq_len: int, num_tokens_to_co
     b, t = num_examples, num_tokens_to_copy
     region = seq_len - t - 1
     content = torch.randint(1, vocab_size - 1, (b, t), generator=gen)
-    places = torch.rand(b, region, generator=gen).argsort(dim=1)[:, :t].sort(dim=1).values
+    gaps = torch.randint(0, t, (b, region - t), generator=gen)  # each blank: the token it precedes
+    before = torch.zeros(b, t, dtype=torch.long).scatter_add_(1, gaps, torch.ones_like(gaps))
+    places = torch.arange(t) + before.cumsum(dim=1)  # the last one is region - 1
     inputs = torch.full((b, seq_len), BLANK, dtype=torch.long)
     inputs.scatter_(1, places, content)
     inputs[:, region] = vocab_size - 1

@@ -22,6 +22,7 @@ from arbench.data.segments import (
     check_segment,
     generate_segments,
 )
+from arbench.data.tasks import TASKS
 from arbench.files import atomic_write
 
 
@@ -142,14 +143,22 @@ class MQARDataModule(L.LightningDataModule):
     def slice_names(self) -> list[str]:
         return [s.name for s in self.test_segments]
 
-    def _generate(self, segments: list[Segment], split: str) -> list[SegmentData]:
+    def cache_key(self, segments: list[Segment], split: str) -> str:
+        """16 hex digits hashing every argument that generates ``segments``' data, and the
+        version of each task's generator above 1 (so data cached before a generator changed is
+        not read for it, and the keys of the others stay as they were)."""
         args = dict(segments=[s.settings() for s in segments], vocab_size=self.vocab_size,
                     seed=self.seed, split=split, power_a=self.power_a,
                     random_non_queries=self.random_non_queries, version=1)
+        versions = {s.task: TASKS[s.task].version for s in segments if TASKS[s.task].version > 1}
+        if versions:
+            args["task_versions"] = versions
+        return hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _generate(self, segments: list[Segment], split: str) -> list[SegmentData]:
         path = None
         if self.cache_dir:
-            key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
-            path = Path(self.cache_dir) / f"mqar-{split}-{key}.pt"
+            path = Path(self.cache_dir) / f"mqar-{split}-{self.cache_key(segments, split)}.pt"
             if path.exists():
                 stored = read_cache(path, len(segments))
                 return [SegmentData(seg, x, y) for seg, (x, y) in zip(segments, stored)]

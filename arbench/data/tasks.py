@@ -20,14 +20,17 @@ from arbench.data.overwrite import generate_overwrite, validate_overwrite_args
 @dataclass(frozen=True)
 class Task:
     """A recall task as segments select it: its generator, the generator's argument check, the
-    segment settings it takes, the prefix of its slice names, and whether it places queries at
-    power-law gaps (so takes the data module's ``power_a`` and ``random_non_queries``)."""
+    segment settings it takes, the prefix of its slice names, whether it places queries at
+    power-law gaps (so takes the data module's ``power_a`` and ``random_non_queries``), and the
+    version of its generator's output: raised when the same arguments come to give other data,
+    so data caches made before do not stand in for it."""
 
     generate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     validate: Callable[..., None]
     settings: tuple[str, ...]
     prefix: str
     query_gaps: bool
+    version: int = 1
 
 
 TASKS: dict[str, Task] = {
@@ -38,8 +41,9 @@ TASKS: dict[str, Task] = {
                          ("noise_fraction", "noise_vocab_size"), "noisy_", False),
     "fuzzy_recall": Task(generate_in_context_recall, validate_in_context_recall_args,
                          ("max_key_len", "max_value_len"), "fuzzy_", False),
+    # version 2: MAD's placement of the blanks (none after the last content token)
     "selective_copying": Task(generate_selective_copying, validate_selective_copying_args,
-                              ("num_tokens_to_copy",), "copy_", False),
+                              ("num_tokens_to_copy",), "copy_", False, version=2),
 }
 """Task name (``Segment.task``) -> :class:`Task`."""
 

@@ -32,12 +32,21 @@ def test_deterministic_and_independent_of_global_rng():
     assert not torch.equal(a[0], generate_selective_copying(30, 64, 8, 16, seed=4)[0])
 
 
-def test_places_and_tokens_are_uniform():
+def test_blanks_precede_the_tokens_as_mad_places_them():
+    """Each blank goes before one of the T tokens, uniformly and independently (MAD's
+    ``np.insert`` at ``randint(0, T)``): the blanks before each token are Binomial(B, 1/T), none
+    follow the last token, and the content tokens are uniform."""
     seq_len, t, vocab = 40, 5, 12
-    x, _ = generate_selective_copying(20_000, seq_len, t, vocab, seed=0)
+    n, blanks = 20_000, seq_len - 2 * t - 1
+    x, _ = generate_selective_copying(n, seq_len, t, vocab, seed=0)
     region = x[:, :seq_len - t - 1]
-    places = (region != BLANK).sum(0).double()  # each place holds a token w.p. t / region
-    assert (places / places.mean() - 1).abs().max() < 0.06
+    assert (region[:, -1] != BLANK).all()  # the last token stands just before the marker
+    places = torch.stack([row.nonzero().flatten() for row in region != BLANK])  # (n, t)
+    before = torch.diff(places, dim=1, prepend=torch.full((n, 1), -1)) - 1  # blanks before each
+    assert (before.sum(1) == blanks).all()
+    mean, var = blanks / t, blanks * (1 / t) * (1 - 1 / t)
+    assert (before.double().mean(0) - mean).abs().max() < 5 * (var / n) ** 0.5
+    assert (before.double().var(0) / var - 1).abs().max() < 0.05
     tokens = torch.bincount(region[region != BLANK], minlength=vocab)[1:vocab - 1].double()
     assert (tokens / tokens.mean() - 1).abs().max() < 0.06
 

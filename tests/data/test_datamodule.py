@@ -1,6 +1,9 @@
 """The data cache is read tensors only (``arbench.data.datamodule.read_cache``): a cache file
 that would run code when unpickled, or holds anything but the data, stops with one line."""
 
+import hashlib
+import json
+
 import pytest
 import torch
 from hostile import WritesMarker
@@ -9,6 +12,8 @@ from test_lit import tiny_data
 
 from arbench.checks import CliError
 from arbench.cli import run
+from arbench.data.datamodule import MQARDataModule
+from arbench.data.segments import Segment
 
 
 def cached(tmp_path):
@@ -48,3 +53,22 @@ def test_main_stops_on_a_hostile_cache_file(in_tmp, capsys):
     line = one_error(capsys, args)
     assert "refused: it holds an object other than tensors" in line
     assert not marker.exists()
+
+
+def _key_before_versions(dm, segments, split):
+    """The cache key as computed before tasks had generator versions."""
+    args = dict(segments=[s.settings() for s in segments], vocab_size=dm.vocab_size,
+                seed=dm.seed, split=split, power_a=dm.power_a,
+                random_non_queries=dm.random_non_queries, version=1)
+    return hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_cache_keys_change_only_for_a_changed_generator():
+    """MQAR and overwrite data cached earlier keep their keys; selective copying, whose layout
+    changed (task version 2), gets a new one, so its old cache files are never read."""
+    kept = [Segment(64, 8, 100), Segment(64, 4, 100, task="overwrite", num_updates=2)]
+    changed = [Segment(32, num_examples=6, task="selective_copying", num_tokens_to_copy=4)]
+    dm = MQARDataModule(vocab_size=64, train_segments=kept, test_segments=changed)
+    assert dm.cache_key(kept, "train") == _key_before_versions(dm, kept, "train")
+    assert dm.cache_key(changed, "test") != _key_before_versions(dm, changed, "test")
+    assert dm.cache_key(changed, "test") == dm.cache_key(list(changed), "test")
