@@ -14,9 +14,19 @@ matched whole: ``(3, 5)`` and ``(5,)`` are different keys.
 Motifs are laid out while they fit in ``seq_len - (max_key_len + max_value_len)`` tokens; one of
 the first motifs is forced to be a key-value motif, and the example ends with a repeat of a key
 drawn uniformly from those shown, so every example has a query. Left padding with token 0 makes
-up the length (none when keys and values are single tokens). MAD's differences: its training
-targets are every next token (here only the answers, as for MQAR) and its fuzzy test set uses
-only the longest keys (here train and test draw alike).
+up the length (none when keys and values are single tokens and ``seq_len`` is even).
+
+Where MAD (athms/mad-lab ``mad/data/instances.py``, multi-query) differs:
+
+- its training targets are every next token (here only the answers, as for MQAR);
+- its fuzzy test set uses only the longest keys (here train and test draw alike);
+- its keys start at token 0, here at 1 (0 is the padding), so at the same vocabulary there is
+  one key token fewer: 63 keys and 64 values at ``vocab_size=144, noise_vocab_size=16``
+  against MAD's 64 and 64 (fuzzy recall keeps MAD's counts: MAD's padding token is its last);
+- its fuzzy final query is a probe drawn beforehand (key length uniform over 1..``max_key_len``)
+  and placed at a uniform position, where here it repeats a key already shown, uniformly over
+  the distinct keys, so short keys (fewer distinct ones) are asked a little less often. In
+  noisy recall (single-token keys) both rules pick a key shown uniformly.
 
 Worked example, noisy (``num_examples=1, seq_len=16, vocab_size=12, noise_vocab_size=4,
 noise_fraction=0.25, seed=0``: keys 1..3, values 4..7, noise 8..11; ``.`` is ``IGNORE_INDEX``)::

@@ -14,10 +14,15 @@ Every key is asked once in the query region, at the power-law slots of
 Worked example (``num_kv_pairs=3, num_updates=1, seq_len=16, vocab_size=16,
 random_non_queries=False, seed=1``; ``.`` is ``IGNORE_INDEX``)::
 
-    inputs  5 15  2 14  7  9  5 12 | 7  0  2  0  5  0  0  0
-    labels  .  .  .  .  .  .  .  . | 9  . 14  . 12  .  .  .
+    inputs   5 14  2 10  7 15  5 11 |  2  0  5  0  7  0  0  0
+    labels   .  .  .  .  .  .  .  . | 10  . 11  . 15  .  .  .
 
-Key 5 was first paired with 15, then with 12: its query answers 12.
+Key 5 was first paired with 14, then with 11: its query answers 11.
+
+One difference from zoology's code: there the new value of the ``j``-th update only avoids the
+first value of the ``j``-th key, not that of the key it is given to (drawn separately), so about
+one update in ``vocab_size / 2`` reassigns a key its own value; here the new value always
+differs from the updated key's first value, as the task means.
 """
 
 from __future__ import annotations
