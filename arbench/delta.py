@@ -7,7 +7,9 @@ With query features f_t, key features g_t ∈ R^m, values v_t ∈ R^dv, a write 
 
 (S ∈ R^{m×dv}). Equivalently ``S_t = α_t S_{t−1} + β_t g_t (v_t − α_t S_{t−1}ᵀ g_t)ᵀ``: the
 state's current answer for key g_t is moved towards v_t. It is stable (a contraction) when
-``β_t |g_t|² ≤ 2``; the mixers L2-normalise g (and f) after the feature map.
+``β_t |g_t|² ≤ 2``; the mixers L2-normalise g (and f) after the feature map
+(:func:`l2_normalize`), so the rule sees the map's cosine kernel
+``K(f, g) / √(K(f, f) K(g, g))``.
 
 Two forms: ``recurrent``, the definition token by token, and ``chunked``, exact, by the WY / UT
 representation (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over
@@ -41,6 +43,17 @@ from arbench.kernels import fla_backend
 from arbench.precision import accumulator_dtype
 
 DELTA_MODES = ("recurrent", "chunked")
+L2_EPS = 1e-6
+"""The ε of :func:`l2_normalize` (fla's ``l2norm``)."""
+
+
+def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
+    """``x / √(|x|² + eps)`` over the last dim, computed in at least fp32 and returned in
+    ``x``'s dtype (fla's ``l2norm``): a unit vector for ``|x|² ≫ eps``, and near zero for a
+    near-zero ``x``, whose delta-rule write then vanishes (``x / max(|x|, ε)`` would blow such
+    a vector, e.g. a ReLU map's all-floor features, up to a full-strength write)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _delta_recurrent(f: torch.Tensor, g: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,

@@ -16,7 +16,7 @@ from torch import nn
 
 from arbench import kernels
 from arbench.attention import MODES, linear_attention, normalize_option, softmax_attention
-from arbench.delta import DELTA_MODES, delta_attention
+from arbench.delta import DELTA_MODES, delta_attention, l2_normalize
 from arbench.featuremaps import FeatureMap
 from arbench.kernels.norm import rms_norm_low, runs_low
 from arbench.naive import naive_causal_conv
@@ -215,7 +215,7 @@ class DeltaAttention(FeatureMapAttention):
             v: torch.Tensor) -> torch.Tensor:
         beta = torch.sigmoid(self.beta(x)).transpose(1, 2)  # (b, h, n)
         log_decay = None if self.decay is None else self.decay(x)
-        return delta_attention(F.normalize(f, dim=-1), F.normalize(g, dim=-1), v, beta,
+        return delta_attention(l2_normalize(f), l2_normalize(g), v, beta,
                                log_decay=log_decay, mode=self.mode, chunk_size=self.chunk_size)
 
 

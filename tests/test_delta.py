@@ -118,3 +118,28 @@ def test_errors():
         delta_attention(f, g, v, beta, log_decay=-log_decay)
     with pytest.raises(ValueError, match="chunk_size must be"):
         delta_attention(f, g, v, beta, chunk_size=0)
+
+
+def test_l2_normalize_is_fla_s_and_a_near_zero_key_writes_nothing():
+    """Unit vectors for ordinary inputs (as ``F.normalize``), in the input's dtype computed in
+    fp32 or wider; a near-zero feature vector (a ReLU map's all-floor keys) stays near zero,
+    so its delta-rule write vanishes, where ``F.normalize`` makes it a full-strength write."""
+    from arbench.delta import l2_normalize
+    x = torch.randn(3, 7, 16, dtype=torch.double)
+    torch.testing.assert_close(l2_normalize(x), F.normalize(x, dim=-1), rtol=1e-5, atol=1e-7)
+    low = l2_normalize(x.bfloat16())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), F.normalize(x.bfloat16().float(), dim=-1),
+                               rtol=1e-2, atol=1e-2)
+    floor = torch.full((16,), 1e-12, dtype=torch.double)
+    assert l2_normalize(floor).norm() < 1e-8 and F.normalize(floor, dim=0).norm() > 0.99
+    f, g, v, beta, _ = rand_inputs(9, m=16)
+    silent = g.clone()
+    silent[..., 4, :] = l2_normalize(floor)
+    dropped = g.clone()
+    dropped[..., 4, :] = 0
+    without = delta_attention(f, dropped, v, beta)
+    torch.testing.assert_close(delta_attention(f, silent, v, beta), without, rtol=0, atol=1e-7)
+    blown = g.clone()
+    blown[..., 4, :] = F.normalize(floor, dim=0)
+    assert (delta_attention(f, blown, v, beta) - without).abs().max() > 0.01

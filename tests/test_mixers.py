@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from arbench.attention import delta_attention, linear_attention
+from arbench.delta import l2_normalize
 from arbench.featuremaps import EluPlusOne, Identity, LLoPS
 from arbench.mixers import (
     DecayGate,
@@ -62,7 +63,7 @@ def test_delta_mixer_normalises_features_and_uses_beta(gated):
     q, k, v = (t.unflatten(-1, (2, 4)).transpose(1, 2) for t in layer.qkv(x).chunk(3, dim=-1))
     beta = torch.sigmoid(layer.beta(x)).transpose(1, 2)
     log_decay = -F.softplus(layer.decay.proj(x)).transpose(1, 2) if gated else None
-    y = delta_attention(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta,
+    y = delta_attention(l2_normalize(q), l2_normalize(k), v, beta,
                         log_decay=log_decay, mode="recurrent")
     torch.testing.assert_close(layer(x), layer.out(y.transpose(1, 2).flatten(-2)),
                                rtol=1e-5, atol=1e-6)

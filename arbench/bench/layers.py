@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from arbench.attention import delta_attention, linear_attention, softmax_attention
@@ -21,6 +20,7 @@ from arbench.bench.flops import (
     linear_layer_flops,
     softmax_attention_flops,
 )
+from arbench.delta import l2_normalize
 from arbench.featuremaps import FeatureMap
 from arbench.kernels import fla_backend
 from arbench.registry import FEATURE_MAPS, FEATURE_MIXERS, MethodConfig, load_method_config
@@ -154,7 +154,7 @@ class LinearLayer(nn.Module):
                 return linear_attention(f, g, v, mode=self.mode, chunk_size=self.chunk_size,
                                         normalize=self.normalize, log_decay=log_decay)
             beta = torch.full(q.shape[:-1], BETA, device=q.device)
-            return delta_attention(F.normalize(f, dim=-1), F.normalize(g, dim=-1), v, beta,
+            return delta_attention(l2_normalize(f), l2_normalize(g), v, beta,
                                    log_decay=log_decay, mode=self.mode,
                                    chunk_size=self.chunk_size)
 
