@@ -205,7 +205,9 @@ class LLoPS(FeatureMap):
 class Flatten(FeatureMap):
     """Elementwise polynomial (Flatten Transformer): φ(x) = (x Θ)^p with one shared ``theta``.
 
-    ``theta``: ``(head_dim, m)``. LLoPS with rank 1 and all Θ_j equal.
+    ``theta``: ``(head_dim, m)``. LLoPS with rank 1 and all Θ_j equal: the LLoPS paper's reading
+    of Flatten (SPEC §1), not FLatten's own focused map (``relu(x) / softplus(s)`` raised to
+    the power 3 with its norm kept, feature dim = head dim).
     """
 
     def __init__(self, head_dim: int, m: int = 256, p: int = 4,
@@ -278,6 +280,9 @@ class PolySketch(FeatureMap):
 
     ``sketch``: buffer ``(1, p, head_dim, m)``, drawn from a generator seeded by ``seed`` (not
     trained, identical for equal seeds). Unbiased for ``(q·k / temperature)^p`` (default 1).
+    The LLoPS paper's reading (SPEC §1: LLoPS with fixed random Θ_j), so its weights can be
+    negative; PolySketchFormer itself squares a degree-p/2 sketch (non-negative weights) and
+    applies a LayerNorm to q and k first (SPEC §6).
     """
 
     def __init__(self, head_dim: int, m: int = 256, p: int = 4, seed: int = 0,
