@@ -156,10 +156,25 @@ def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
 
 
 def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:
-    """The lr whose trials have the best mean objective (over seeds, :func:`run_value`)."""
+    """The lr whose trials have the best mean objective (over seeds, :func:`run_value`); of
+    lrs that tie exactly (every run at 100 %), the one nearest the middle of the lrs tried, so
+    a tie never puts the best lr at a grid edge (nor widens the grid there)."""
     sign = 1 if maximize else -1
-    return max(by_lr, key=lambda lr: sign * statistics.fmean(run_value(t, maximize)
-                                                             for t in by_lr[lr]))
+    score = {lr: sign * statistics.fmean(run_value(t, maximize) for t in runs)
+             for lr, runs in by_lr.items()}
+    top = max(score.values())
+    order = sorted(by_lr)
+    middle = (len(order) - 1) / 2
+    return min((lr for lr in order if score[lr] == top),
+               key=lambda lr: (abs(order.index(lr) - middle), lr))
+
+
+def unresolved_failures(trials: Trials) -> Trials:
+    """Failed trials whose grid point (seed and lr included) has no result: runs that are
+    missing from their lr's mean until a retry gives them one."""
+    done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
+    return [t for t in trials if t.state == TrialState.FAIL
+            and point_key(grid_point(t), free=()) not in done]
 
 
 def failed_points(trials: Trials) -> Trials:

@@ -3,7 +3,10 @@
 A grid point whose trials have all finished and whose best lr (mean over seeds) is the lowest
 or the highest lr tried gets one more lr beyond that edge, a step as wide as the last one
 (``lr_edge² / lr_next``, e.g. 9e-5 below {3e-4, 1e-3, 3e-3}), for each seed that ran at the
-best lr. At most ``max_added`` lrs are added on each side of the spec's own lrs. The rule is
+best lr. At most ``max_added`` lrs are added on each side of the spec's own lrs, counting every
+lr a point has tried, and an lr it has tried once is never queued again (a widened lr whose
+runs all failed ends the widening there, where it would otherwise be queued on every round).
+The rule is
 the same for every point, so no method gets a wider search than another unless its own
 results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no point is at
 an edge (or each has N added lrs there).
@@ -15,6 +18,7 @@ study can gain lrs.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import optuna
@@ -44,6 +48,9 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
     is at an edge of the lrs it tried."""
     trials = valued_by(study.get_trials(deepcopy=False), spec.metric)
     busy = {point_key(grid_point(t)) for t in trials if t.state in UNFINISHED}
+    tried: dict[tuple, set[float]] = defaultdict(set)
+    for t in trials:
+        tried[point_key(grid_point(t))].add(grid_point(t).get(LR))
     queued = []
     for point, by_lr in by_point_and_lr(trials).items():
         lrs = sorted(by_lr)
@@ -53,10 +60,11 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
         if best not in (lrs[0], lrs[-1]):
             continue
         low = best == lrs[0]
-        beyond = [lr for lr in lrs if (lr < min(spec.lr) if low else lr > max(spec.lr))]
-        if len(beyond) >= max_added:
-            continue
+        beyond = [lr for lr in tried[point] if lr is not None
+                  and (lr < min(spec.lr) if low else lr > max(spec.lr))]
         new = next_lr(lrs, low)
+        if len(beyond) >= max_added or new in tried[point]:
+            continue
         queued += [{**grid_point(t), LR: new} for t in by_lr[best]]
     return queued
 

@@ -109,8 +109,8 @@ def record_pruned(trial: optuna.Trial, storage: RDBStorage, log_dir: Path,
     summary = log_dir / "summary.json"
     if summary.is_file():
         saved = json.loads(summary.read_text())
-        for key in ("hparams", "slices", "device", "collapsed_at", "example_acc",
-                    "example_slices", "loss_curve"):
+        for key in ("hparams", "slices", "device", "collapsed_at", "val_acc", "last_val_acc",
+                    "example_acc", "last_example_acc", "example_slices", "loss_curve"):
             trial.set_user_attr(key, saved.get(key))
 
 
@@ -120,6 +120,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     # here: keeps Lightning out of CLI start-up
     from arbench.ckpt_check import last_checkpoint
     from arbench.cli import build_cli, checkpoints_by_run_name
+    from arbench.lit import DivergenceError
 
     params = point_params(trial, spec, storage)
     problem = point_problem(params, spec)
@@ -178,10 +179,20 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
     except Exception as err:
         if storage_fault(err) is not None:
             raise  # the database's fault, not the trial's: it stays running, resumed later
-        trial.set_user_attr("fail_reason", one_line(err))
-        study.tell(trial, state=TrialState.FAIL)
-        log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")
-        return
+        summary_path = Path(trainer.log_dir) / "summary.json" \
+            if isinstance(err, DivergenceError) else None
+        if summary_path is None or not summary_path.is_file():
+            trial.set_user_attr("fail_reason", one_line(err))
+            study.tell(trial, state=TrialState.FAIL)
+            log(f"trial {trial.number} {name}: FAILED ({one_line(err)})")
+            return
+        # Diverged after a validation: the run's result is the best it reached before, as
+        # for a collapsed run, flagged; leaving it out would average its lr over the seeds
+        # that did not diverge (and --widen would queue that lr again and again).
+        summary = json.loads(summary_path.read_text())
+        trial.set_user_attr("diverged", one_line(err))
+        log(f"trial {trial.number} {name}: diverged ({one_line(err)}); counted at its best "
+            f"validation before it")
     value = summary_value(summary, spec.metric)
     for key in ("slices", "hparams", "best_checkpoint", "last_checkpoint", "log_dir",
                 "global_step", "last_val_acc", "converged", "collapsed_at", "val_curve", "device",

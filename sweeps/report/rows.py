@@ -4,10 +4,12 @@ For every point and lr, accuracy is averaged over seeds (:func:`sweeps.trials.by
 the lr with the best mean is the point's best lr, and the row reports mean ± std (sample std,
 n seeds) there, per-slice means, state size and the paper's value where one matches
 (``sweeps.paper``), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
-the best lr's runs that converged, :mod:`arbench.curves`), collapsed runs at the best lr, and
-whether the best lr sits at an edge of the lrs tried. ``seed_values`` and ``seed_slices`` keep
-each seed's objective and per-slice accuracy there (the claims and the suite's aggregate,
-:mod:`sweeps.report.suite`, read them).
+the best lr's runs that converged, :mod:`arbench.curves`), collapsed and diverged runs at the
+best lr (a diverged run counts at its best validation before it), failed runs of the point
+with no result (left out of their lr's mean), ``seeds`` (the study's seed count, flagged when
+fewer ran at the best lr), and whether the best lr sits at an edge of the lrs tried. ``seed_values``
+and ``seed_slices`` keep each seed's objective and per-slice accuracy there (the claims and
+the suite's aggregate, :mod:`sweeps.report.suite`, read them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from optuna.trial import TrialState
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
 from sweeps.spec import SweepSpec
-from sweeps.trials import SEED, Trials, best_lr, by_point_and_lr, objective_curve, run_value
+from sweeps.trials import (
+    SEED,
+    Trials,
+    best_lr,
+    by_point_and_lr,
+    objective_curve,
+    point_key,
+    run_value,
+    unresolved_failures,
+)
 
 ROW_ORDER = ("feature_map", "p", "rank", "m", "r", "d_model")
 """Rows are sorted by these hparams."""
@@ -45,6 +56,10 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     out = []
     maximize = spec.direction == "maximize"
     metric = spec.metric
+    failed = defaultdict(int)
+    for t in unresolved_failures(trials):
+        failed[point_key(t.params)] += 1
+    seeds = len({t.params.get(SEED) for t in trials if SEED in t.params})  # the study's
     for point, by_lr in by_point_and_lr(trials).items():
         best = best_lr(by_lr, maximize)
         at_best = by_lr[best]
@@ -68,6 +83,8 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             "converged": sum(known) / len(known) if known else math.nan,
             "not_converged": len(known) - sum(known),
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in at_best),
+            "diverged": sum(bool(t.user_attrs.get("diverged")) for t in at_best),
+            "failed": failed.get(point, 0), "seeds": seeds,
             "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
                                if t.user_attrs.get("device")}),
             "mean": statistics.fmean(values),

@@ -182,10 +182,18 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def flags(row: dict[str, Any]) -> str:
-    """The protocol's warnings for a table row: collapsed runs, runs at the best lr that had
-    not converged, runs there that the pruner stopped (counted with the best they had
-    reached), best lr at a grid edge."""
+    """The protocol's warnings for a table row: fewer seeds at the best lr than the study
+    ran, failed runs with no result (left out of their lr's mean), diverged and collapsed runs
+    (counted at their best before it), runs at the best lr that had not converged, runs there
+    that the pruner stopped (counted with the best they had reached), best lr at a grid
+    edge."""
     out = []
+    if row.get("seeds") and row["n"] < row["seeds"]:
+        out.append(f"{row['n']} of {row['seeds']} seeds")
+    if row.get("failed"):
+        out.append(f"{row['failed']} failed (left out)")
+    if row.get("diverged"):
+        out.append(f"{row['diverged']} diverged")
     if row["collapsed"]:
         out.append(f"{row['collapsed']} collapsed")
     if row.get("not_converged"):
