@@ -167,11 +167,12 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"Held-out sequences are disjoint from the training ones; {config.n_train} training and "
         f"{config.n_test} held-out tokens (at most) per layer, the training ones from the split's "
         f"training sequences and {qk.train_only} training-only ones; every error is over all "
-        "held-out (query, key) pairs.",
+        "held-out (query, key) pairs, across sequences and in both orders (no causal mask).",
         "q and k are divided by √c, c = RMS of q·k over the training pairs, so (q·k)^p is O(1); "
         "the relative errors of the polynomial maps and of the floor do not depend on c.",
-        "Fitted maps: a start, then full-batch L-BFGS on the loss ‖Â−A‖²_F/‖A‖²_F over all "
-        "training pairs until stationary (stop: gradient norm ≤ "
+        "Fitted maps: a start, then full-batch L-BFGS in float32 (ALS runs in float64) on the "
+        "loss ‖Â−A‖²_F/‖A‖²_F over all training pairs until stationary (stop: float32 "
+        "gradient norm ≤ "
         f"{config.fit.polish.gtol:g}, or {config.fit.polish.patience} steps in a row each "
         f"gaining < {config.fit.polish.ftol:g} of the loss, or {config.fit.polish.steps} steps; "
         "start, steps, stop and the gradient norm at the stop per fit in table.csv). "

@@ -30,6 +30,12 @@ Key = tuple[int, int, int, str]  # (layer, head, p, method)
 SELECTION = ("layers", "heads")
 """The source's keys that say which layers and heads were taken."""
 
+FIT_VERSION = 1
+"""The fitting code's version: raise it with any change to the code that changes what a fit
+gives for the same settings (a start, ALS, the polish, a split). It enters the settings line
+from version 2 on (version 1's files were written without it), so a records file of fits made
+by earlier code is refused rather than read into a table beside new floors and fits."""
+
 ADDED_LATER = (", val_seqs=0",)
 """Settings added after record files were written, as they appear in the study's repr at their
 defaults: left out of the settings line there, so those files stay resumable until one is set."""
@@ -46,7 +52,10 @@ def settings(config: StudyConfig, source: dict[str, Any]) -> dict[str, Any]:
     text = repr(study)
     for default in ADDED_LATER:
         text = text.replace(default, "")
-    return json.loads(json.dumps({"study": text, "source": source}, default=str))
+    out = {"study": text, "source": source}
+    if FIT_VERSION > 1:
+        out["fit_version"] = FIT_VERSION
+    return json.loads(json.dumps(out, default=str))
 
 
 def key(record: Record) -> Key:
@@ -71,8 +80,14 @@ class Ledger:
         except json.JSONDecodeError:
             head = None
         if head != {"settings": self.settings}:
-            raise ValueError(f"{self.path} holds fits made with other settings (or is not a "
-                             "records file); give another --out, or delete it to start over")
+            theirs = (head or {}).get("settings") if isinstance(head, dict) else None
+            older = isinstance(theirs, dict) and \
+                theirs.get("fit_version", 1) != self.settings.get("fit_version", 1)
+            why = (f"fits of another version of the fitting code (fit version "
+                   f"{theirs.get('fit_version', 1)}, this code's {FIT_VERSION})") if older else \
+                "fits made with other settings (or is not a records file)"
+            raise ValueError(f"{self.path} holds {why}; give another --out, or delete it to "
+                             "start over")
         fields = {f.name for f in dataclasses.fields(Record)}
         for number, line in enumerate(lines[1:], start=2):
             try:

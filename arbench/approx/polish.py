@@ -5,12 +5,15 @@ The loss is L = ‖φ_Q(Q) φ_K(K)ᵀ − A‖²_F / ‖A‖²_F over every pair
 gradient norm ‖∇L‖₂ over all the pair's parameters says how far the fit is from a stationary
 point. Stopping rule, checked before every step: ‖∇L‖₂ ≤ ``gtol`` → ``"stationary"``; else
 ``patience`` steps in a row each lowering L by less than ``ftol``·L → ``"stalled"``; else after
-``steps`` steps → ``"max steps"``. The gradient norm at the stop is recorded either way.
+``steps`` steps → ``"max steps"``. The gradient norm at the stop is recorded either way. It
+runs in the dtype of ``q`` (float32 in the study, whose ALS starts run in float64), so ``gtol``
+bounds the float32 gradient of the relative loss, and ``ftol`` (10⁻⁶) lies near float32's
+rounding of a sum over millions of pairs.
 
 Given held-back validation pairs (not fitted), the loss on them is measured before every step:
 the parameters of its least value are the ones kept, and ``patience`` steps in a row without a
 new least stop the polish (``"validation"``); the training loss and gradient norm recorded are
-the kept parameters'.
+the kept parameters', and a stop for another reason that keeps an earlier step says so.
 """
 
 from __future__ import annotations
@@ -140,6 +143,8 @@ def polish(pair: KernelPair, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor,
         if since_best:  # an earlier step's parameters
             pair.load_state_dict(best_state)
             result.last_loss, result.grad_norm = loss_and_grad(pair, q, k, a, params)
+            if result.stopped != "validation":  # the reason was the last step's
+                result.stopped += ", step of least validation loss kept"
     for prm in params:
         prm.grad = None
     result.seconds = time.perf_counter() - start

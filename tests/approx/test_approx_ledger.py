@@ -1,6 +1,7 @@
 import csv
 import json
 
+import arbench.approx.ledger as ledger
 from arbench.approx.cli import main
 from arbench.approx.ledger import LEDGER_NAME
 from arbench.approx.qkset import save_qk
@@ -112,3 +113,21 @@ def test_a_setting_added_later_keeps_older_record_files_resumable_at_its_default
     capsys.readouterr()
     assert main([*TINY, "--ranks", "1", "--val-seqs", "2", "--out", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_fits_of_earlier_fitting_code_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """A records file written before the fitting code's version was raised is not read into
+    a table beside new fits; at version 1 the settings line is as files have it."""
+    out = tmp_path / "out"
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
+    head = json.loads((out / LEDGER_NAME).read_text().splitlines()[0])
+    assert "fit_version" not in head["settings"]
+    capsys.readouterr()
+    monkeypatch.setattr(ledger, "FIT_VERSION", 2)
+    assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "another version of the fitting code (fit version 1, this code's 2)" in err
+    assert err.startswith("error: ") and "\n" not in err
+    assert main([*TINY, "--ranks", "1", "--out", str(tmp_path / "new")]) == 0
+    head = json.loads((tmp_path / "new" / LEDGER_NAME).read_text().splitlines()[0])
+    assert head["settings"]["fit_version"] == 2

@@ -67,3 +67,25 @@ def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
     params = [prm for prm in pair.parameters() if prm.requires_grad]
     loss, grad_norm = loss_and_grad(pair, q[:12], k[:12], noisy[:12, :12], params)
     assert (loss, grad_norm) == pytest.approx((result.last_loss, result.grad_norm), rel=1e-9)
+
+
+def test_a_step_cap_that_keeps_an_earlier_step_says_so():
+    # the same noisy fit, capped before the validation patience runs out: the kept parameters
+    # are an earlier step's, and the stop reason names that beside the cap
+    q, k = gaussian_qk(40, 4, seed=0)
+    q, k = q.double(), k.double()
+    a = poly_kernel(q, k, 3)
+    noisy = a + torch.randn(a.shape, generator=torch.Generator().manual_seed(0),
+                            dtype=torch.float64) * a.std() * 0.5
+    torch.manual_seed(0)
+    pair = llops_pair(4, 6, 3, 2).double()
+    val = (q[12:], k[12:], a[12:, 12:])
+    full = polish(pair, q[:12], k[:12], noisy[:12, :12],
+                  PolishConfig(steps=300, gtol=0.0, ftol=0.0, patience=5), val=val)
+    cap = full.steps - 2  # past the least validation loss, before the patience ends
+    torch.manual_seed(0)
+    pair = llops_pair(4, 6, 3, 2).double()
+    capped = polish(pair, q[:12], k[:12], noisy[:12, :12],
+                    PolishConfig(steps=cap, gtol=0.0, ftol=0.0, patience=5), val=val)
+    assert capped.stopped == "max steps, step of least validation loss kept"
+    assert capped.val_loss == pytest.approx(full.val_loss, rel=1e-9)
