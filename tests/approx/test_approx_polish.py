@@ -47,9 +47,9 @@ def test_polish_leaves_unfitted_maps_alone():
     torch.testing.assert_close(sketch(q, k), before)
 
 
-def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
-    # 12 noisy training pairs, 28 clean validation ones: fitting the noise raises the
-    # validation loss, so the polish stops there and returns its best parameters
+def noisy_fit(steps):
+    """12 noisy training pairs, 28 clean validation ones, a fresh seeded LLoPS t = 2 pair:
+    fitting the noise raises the validation loss. Returns (pair, result, q, k, a, noisy)."""
     q, k = gaussian_qk(40, 4, seed=0)
     q, k = q.double(), k.double()
     a = poly_kernel(q, k, 3)
@@ -57,9 +57,16 @@ def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
                             dtype=torch.float64) * a.std() * 0.5
     torch.manual_seed(0)
     pair = llops_pair(4, 6, 3, 2).double()
-    val = (q[12:], k[12:], a[12:, 12:])
     result = polish(pair, q[:12], k[:12], noisy[:12, :12],
-                    PolishConfig(steps=300, gtol=0.0, ftol=0.0, patience=5), val=val)
+                    PolishConfig(steps=steps, gtol=0.0, ftol=0.0, patience=5),
+                    val=(q[12:], k[12:], a[12:, 12:]))
+    return pair, result, q, k, a, noisy
+
+
+def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
+    # the polish stops where the validation loss has not improved for 5 steps and returns
+    # its best parameters
+    pair, result, q, k, a, noisy = noisy_fit(300)
     assert result.stopped == "validation" and result.steps < 300
     with torch.no_grad():
         kept = float((pair(q[12:], k[12:]) - a[12:, 12:]).pow(2).sum() / a[12:, 12:].pow(2).sum())
@@ -70,22 +77,9 @@ def test_polish_with_validation_pairs_keeps_its_least_validation_loss():
 
 
 def test_a_step_cap_that_keeps_an_earlier_step_says_so():
-    # the same noisy fit, capped before the validation patience runs out: the kept parameters
-    # are an earlier step's, and the stop reason names that beside the cap
-    q, k = gaussian_qk(40, 4, seed=0)
-    q, k = q.double(), k.double()
-    a = poly_kernel(q, k, 3)
-    noisy = a + torch.randn(a.shape, generator=torch.Generator().manual_seed(0),
-                            dtype=torch.float64) * a.std() * 0.5
-    torch.manual_seed(0)
-    pair = llops_pair(4, 6, 3, 2).double()
-    val = (q[12:], k[12:], a[12:, 12:])
-    full = polish(pair, q[:12], k[:12], noisy[:12, :12],
-                  PolishConfig(steps=300, gtol=0.0, ftol=0.0, patience=5), val=val)
-    cap = full.steps - 2  # past the least validation loss, before the patience ends
-    torch.manual_seed(0)
-    pair = llops_pair(4, 6, 3, 2).double()
-    capped = polish(pair, q[:12], k[:12], noisy[:12, :12],
-                    PolishConfig(steps=cap, gtol=0.0, ftol=0.0, patience=5), val=val)
+    # capped before the validation patience runs out, past the least validation loss: the
+    # kept parameters are an earlier step's, and the stop reason names that beside the cap
+    full = noisy_fit(300)[1]
+    capped = noisy_fit(full.steps - 2)[1]
     assert capped.stopped == "max steps, step of least validation loss kept"
     assert capped.val_loss == pytest.approx(full.val_loss, rel=1e-9)
