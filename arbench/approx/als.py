@@ -284,13 +284,16 @@ def als_start(phi_q: LLoPS, phi_k: LLoPS, q: torch.Tensor, k: torch.Tensor, a: t
     """Fit the (non-affine, unsquared) LLoPS maps ``phi_q``, ``phi_k`` to ``a`` = target(q, k)
     by :func:`als_sweeps`, from their current parameters; writes the factors back.
 
-    With ``grow`` and CP rank t > 1: first rank 1 alone (the maps' first rank, which is the
-    rank-1 map's start when built with the same seed, since ALS does not depend on the start's
-    scale), then all t ranks from that fit plus the others at ``grow_scale`` (:func:`add_ranks`),
-    so a higher rank starts from (almost) the lower rank's fit. Up to ``sweeps`` each. Growing
-    raises the loss by O(grow_scale^p) relative to φ; where the sweeps after it do not win that
-    back (a rank-1 fit already near zero loss), the rank-1 fit is kept with the other ranks zero
-    (:func:`keep_rank_1`; ``stopped`` says so), so t > 1 never ends above t = 1. With ``val``
+    With ``grow`` and CP rank t > 1: first rank 1 alone (the maps' first rank), then all t
+    ranks from that fit plus the others at ``grow_scale`` (:func:`add_ranks`), so a higher rank
+    starts from (almost) a rank-1 fit. Up to ``sweeps`` each. Growing raises the loss by
+    O(grow_scale^p) relative to φ; where the sweeps after it do not win that back (a rank-1 fit
+    already near zero loss), the rank-1 fit is kept with the other ranks zero
+    (:func:`keep_rank_1`; ``stopped`` says so), so the grown fit never ends above its own rank-1
+    stage. That stage is close to, not the same as, the separate t = 1 fit's ALS: a data start's
+    spare columns keep the sketch's values, whose scale depends on t, and CG's capped iterations
+    make ALS only nearly independent of a start's scale; the polish after it runs per t. So
+    t > 1 can end above t = 1 (the study's tables show it where it does). With ``val``
     (validation pairs; :func:`als_sweeps`) each stage keeps its factors of least validation
     loss, and the rank-1 fit is kept where the grown one ends above it on that loss instead.
     """
