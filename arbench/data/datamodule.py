@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -46,12 +47,17 @@ class ShardSampler(Sampler[int]):
 
     Evaluation shards this way so every example counts exactly once across processes; training
     uses ``pad=True`` so every rank takes the same number of steps (DDP needs it).
+    ``done``, read each time an epoch's iteration starts, says how many of this rank's items the
+    epoch has already had (a run resumed mid-epoch: the loop's restored batch count); they are
+    skipped, so the epoch goes on where the interrupted one stopped, as one not interrupted
+    would. ``len`` stays the whole epoch's.
     """
 
     def __init__(self, length: int, rank: int, world: int, shuffle: bool, seed: int,
-                 pad: bool):
+                 pad: bool, done: Callable[[], int] | None = None):
         self.length, self.rank, self.world = length, rank, world
         self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
+        self.done = done
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -67,7 +73,8 @@ class ShardSampler(Sampler[int]):
         return order
 
     def __iter__(self):
-        return iter(self._order()[self.rank::self.world])
+        mine = self._order()[self.rank::self.world]
+        return iter(mine[self.done():] if self.done is not None else mine)
 
     def __len__(self) -> int:
         return len(self._order()[self.rank::self.world])
@@ -184,10 +191,19 @@ class MQARDataModule(L.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
+    def _epoch_batches_done(self) -> int:
+        """Training batches the current epoch has had: those of a run resumed mid-epoch (the fit
+        loop's restored count, read when the epoch's iteration starts, after the loop has reset
+        it for a new epoch), 0 otherwise."""
+        trainer = getattr(self, "trainer", None)
+        loop = getattr(trainer, "fit_loop", None)
+        return int(loop.epoch_loop.batch_progress.current.ready) if loop is not None else 0
+
     def _loader(self, ds: SegmentBatches, train: bool) -> DataLoader:
         rank, world = self._world()
         sampler = ShardSampler(len(ds), rank, world, shuffle=train and self.shuffle,
-                               seed=self.seed, pad=train)
+                               seed=self.seed, pad=train,
+                               done=self._epoch_batches_done if train else None)
         return DataLoader(ds, batch_size=None, sampler=sampler)
 
     def train_dataloader(self) -> DataLoader:

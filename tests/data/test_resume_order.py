@@ -1,0 +1,53 @@
+"""A run killed mid-epoch and resumed trains on the batches the uninterrupted run would have:
+the interrupted epoch goes on where it stopped (``ShardSampler``'s ``done``)."""
+
+import hashlib
+
+import lightning as L
+import pytest
+from paths import SMOKE, config
+
+from arbench.cli import run
+
+SEEN: list[tuple[int, str]] = []
+
+
+class RecordBatches(L.Callback):
+    """Appends (global step, a hash of the batch's inputs) to :data:`SEEN` before each step."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        SEEN.append((trainer.global_step, hashlib.sha1(batch[0].numpy().tobytes()).hexdigest()))
+
+
+class KillAt12(L.Callback):
+    """Stops the run with an error before step 12 (its last checkpoint is step 10's)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 12:
+            raise RuntimeError("killed")
+
+
+def fit(*extra):
+    # 64 training examples of the smoke profile, batch 4: one epoch is 16 steps, so step 12 is
+    # mid-epoch and the run goes on into the next epoch
+    run(["fit", "--config", config("p2.yaml"), *SMOKE, "--trainer.max_steps", "20",
+         "--trainer.val_check_interval", "5", "--trainer.enable_progress_bar", "false",
+         "--data.train_segments", "[{seq_len: 32, num_kv_pairs: 4, num_examples: 64}]",
+         "--data.batch_size", "4", "--trainer.callbacks+=test_resume_order.RecordBatches",
+         *extra])
+
+
+def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_one_does(in_tmp):
+    SEEN.clear()
+    fit("--trainer.logger.init_args.name", "whole")
+    whole = dict(SEEN)
+    assert len(whole) == 20 and len(set(whole.values())) == 16  # epoch 2 repeats epoch 1's
+    SEEN.clear()
+    with pytest.raises(RuntimeError, match="killed"):
+        fit("--trainer.logger.init_args.name", "cut",
+            "--trainer.callbacks+=test_resume_order.KillAt12")
+    SEEN.clear()
+    fit("--trainer.logger.init_args.name", "cut", "--ckpt_path", "last")
+    resumed = dict(SEEN)
+    assert sorted(resumed) == list(range(10, 20))
+    assert all(resumed[step] == whole[step] for step in resumed)
