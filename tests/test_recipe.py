@@ -115,9 +115,12 @@ def test_zoology_schedule_values():
     assert f[319] == pytest.approx(0.5 * (1 + math.cos(math.pi * 31 / 32)))
     assert f[319] == pytest.approx(0.0024, abs=1e-4)
     assert len(set(f)) == 32
-    # the default: warm-up, then per-step cosine to min_lr_ratio
-    assert lr_factor("cosine", 0, 100, warmup_steps=10) == pytest.approx(0.1)
-    assert lr_factor("cosine", 100, 100, warmup_steps=10, min_lr_ratio=0.2) == pytest.approx(0.2)
+    # the default: warm-up to 1 at its last step, then per-step cosine that reaches
+    # min_lr_ratio at the last step taken (99 of 0..99), the peak not repeated
+    cos = [lr_factor("cosine", s, 100, warmup_steps=10, min_lr_ratio=0.2) for s in range(100)]
+    assert cos[0] == pytest.approx(0.1) and cos[9] == 1.0 > cos[10]
+    assert cos[10] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi / 90)))
+    assert cos[99] == pytest.approx(0.2) and min(cos[10:]) == pytest.approx(0.2)
 
 
 def test_zoology_schedule_steps_once_per_epoch_in_training():
