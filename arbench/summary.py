@@ -60,6 +60,8 @@ class RunSummary(Callback):
         self.val_curve: list[tuple[int, float]] = []  # (step, val/acc)
         self.example_curve: list[tuple[int, float]] = []  # (step, val/example_acc)
         self.loss_curve: list[tuple[int, float]] = []  # (step, training loss), every step
+        self._step_losses: list[float] = []  # the losses of this optimiser step's batches
+        self._step_start = 0  # the global step when its first batch started
         self.pending = False  # a validation whose summary waits for the checkpoint callbacks
         self.log_dir: str | None = None
 
@@ -95,9 +97,16 @@ class RunSummary(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs,
                            batch, batch_idx: int) -> None:
+        """One (step, loss) point per optimiser step: with gradient accumulation over k
+        batches, the mean of their losses (Lightning hands each one divided by k)."""
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None:
-            self.loss_curve.append((int(trainer.global_step), float(loss)))
+        if loss is None:
+            return
+        self._step_losses.append(float(loss) * max(1, int(trainer.accumulate_grad_batches)))
+        step = int(trainer.global_step)
+        if step > self._step_start:  # the optimiser stepped after this batch
+            self.loss_curve.append((step, sum(self._step_losses) / len(self._step_losses)))
+            self._step_losses = []
 
     def _log_dir(self, trainer: L.Trainer) -> str | None:
         """The run's folder on rank 0, None elsewhere. ``trainer.log_dir`` broadcasts under
@@ -129,6 +138,8 @@ class RunSummary(Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch, batch_idx: int) -> None:
+        if not self._step_losses:
+            self._step_start = int(trainer.global_step)
         if self.pending:
             self.write(trainer, pl_module, finished=False)
 

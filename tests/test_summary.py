@@ -72,3 +72,14 @@ def test_the_device_is_the_one_trained_on_not_where_teardown_left_the_module(tmp
     callback.write(trainer, module, finished=True, log_dir=str(tmp_path))
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["device"] == "named cuda:0"
+
+
+def test_the_loss_curve_has_one_point_per_step_with_gradient_accumulation(in_tmp):
+    """Lightning hands each of k accumulated batches' losses divided by k: the curve keeps
+    their mean once per optimiser step, on the loss's own scale (near ln 64 at the start)."""
+    fit(8, "--trainer.accumulate_grad_batches", "4")
+    ckpt = torch.load(in_tmp / "runs/p4/checkpoints/last.ckpt", weights_only=True)
+    (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("RunSummary")]
+    steps = [s for s, _ in state["loss_curve"]]  # to the last checkpoint's step
+    assert len(steps) >= 6 and steps == list(range(1, len(steps) + 1))
+    assert all(3.0 < v < 5.0 for _, v in state["loss_curve"])  # not divided by 4
