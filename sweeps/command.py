@@ -6,13 +6,13 @@ import json
 import tempfile
 from typing import Any
 
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SETTING, SpecError, SweepSpec
 from sweeps.trials import VARYING, point_key
 
 
 def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str) -> list[str]:
-    """``main.py`` arguments (no subcommand) of one trial: configs, size, profile, the point's
-    keys."""
+    """``main.py`` arguments (no subcommand) of one trial: configs, size, profile, the spec's
+    args, the point's setting overlay (:data:`~sweeps.spec.SETTING`), then its other keys."""
     args: list[str] = []
     for cfg in spec.configs:
         args += ["--config", cfg]
@@ -23,8 +23,10 @@ def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str
     if spec.size_path:
         args += ["--config", spec.size_path]
     args += ["--config", spec.profile_path, *spec.args]
+    if SETTING in params:  # after the profile, whose task it sets to one difficulty
+        args += ["--config", str(params[SETTING])]
     for key, value in params.items():
-        if key != "config":  # strings go bare: jsonargparse would keep JSON's quotes
+        if key not in ("config", SETTING):  # strings go bare: jsonargparse would keep JSON's quotes
             args.append(f"--{key}={value if isinstance(value, str) else json.dumps(value)}")
     args += [f"--trainer.logger.init_args.save_dir={save_dir}",
              f"--trainer.logger.init_args.name={name}",

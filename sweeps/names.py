@@ -18,7 +18,7 @@ MAX_NAME_BYTES = 200
 """Longest name in UTF-8 bytes (file systems allow 255; suffixes such as ``.png`` are added)."""
 
 
-SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg"}
+SHORT = {"seed_everything": "seed", "model.lr": "lr", "config": "cfg", "setting": "set-"}
 """Grid keys named in a run folder by another name than their last dotted part."""
 
 
@@ -34,7 +34,7 @@ def trial_name(params: dict[str, Any]) -> str:
         value = params[key]
         if key == "config" and isinstance(value, (list, tuple)):
             value = "+".join(Path(str(v)).stem for v in value)
-        elif key == "config":
+        elif key in ("config", "setting"):  # a config file, or a setting's overlay
             value = Path(str(value)).stem
         elif isinstance(value, (list, tuple)):  # e.g. mixers [conv, delta] -> conv-delta
             value = "-".join(str(v) for v in value)

@@ -24,6 +24,9 @@ A spec::
       - {name: "qk-norm helps", better: {variant: qk-norm}, worse: {variant: baseline}}
       # optional ``paper_gain: warmstart``: the paper's relative gain (sweeps.paper) beside it
     reuse: [p_ablation]                # finished runs of these studies stand for equal points
+    settings: [configs/settings/a.yaml, configs/settings/b.yaml]   # a task's difficulty
+                                       # settings: overlays on the profile, each point trained
+                                       # once per setting (MAD's protocol)
     extends: bases/suite.yaml          # a base spec, relative to this file: its keys, each key
                                        # here replacing the base's; profiles merge per name
     description: text                  # what the study is; written under table.md's title
@@ -43,6 +46,13 @@ such as a fixed m·t; a ``null`` in a zipped row leaves that key to the point's 
 r beside LLoPS's m and t in one grid). A value ``best:<study>`` stands for the last checkpoint
 of that finished study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
 ``model.init_from``.
+
+``settings:`` lists a task's difficulty settings as config overlays applied after the profile,
+each one trained as a run of its own (MAD's protocol: a model per setting, not one model on a
+mixture). Every grid point runs once per setting; its runs carry the grid key ``setting`` (the
+overlay's path, named by its stem in run folders and row labels), each setting picks its own
+best lr, and a point's *task score* (the claims of its table, the suite's cell) is the mean over
+the settings of each seed's value (:mod:`sweeps.report.settings`).
 
 ``extends:`` (:func:`read_spec`) shares keys between specs: the base file's mapping, with each
 top-level key of the extending file replacing the base's, except ``profiles:``, whose entries
@@ -68,7 +78,9 @@ from sweeps.paper import PAPER_GAINS
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"study", "configs", "profile", "size", "grid", "lr", "objective", "sampler",
            "n_trials", "pruner", "args", "profiles", "storage", "description", "plots",
-           "claims", "reuse"}
+           "claims", "reuse", "settings"}
+SETTING = "setting"
+"""The grid key a point's difficulty setting (``settings:``) runs under; no grid may name it."""
 ALIASES = {"p": "model.feature_map.init_args.p", "m": "model.feature_map.init_args.m",
            "rank": "model.feature_map.init_args.rank", "d_model": "model.d_model",
            "lr": "model.lr", "seed": "seed_everything", "precision": "trainer.precision"}
@@ -136,6 +148,8 @@ class SweepSpec:
     claims: list[dict[str, Any]] = field(default_factory=list)
     reuse: list[str] = field(default_factory=list)
     description: str = ""
+    settings: list[str] = field(default_factory=list)
+    """The task's difficulty settings: config overlays, each trained as its own run."""
 
     @property
     def profile_path(self) -> str:
@@ -155,6 +169,8 @@ class SweepSpec:
                           if x is not None or len(names) == 1} for v in values])
         if self.lr:
             axes.append([{"model.lr": lr} for lr in self.lr])
+        if self.settings:  # last: a point's settings run one after another
+            axes.append([{SETTING: path} for path in self.settings])
         return [dict(item for d in combo for item in d.items())
                 for combo in itertools.product(*axes)]
 
@@ -209,6 +225,27 @@ def _resolve_args(args: list[Any]) -> list[str]:
     return out
 
 
+def setting_name(path: str) -> str:
+    """A setting as run folders and row labels name it: its overlay's file stem."""
+    return Path(str(path)).stem
+
+
+def _check_settings(value: Any) -> list[str]:
+    """``settings:`` as resolved overlay paths: YAML files with distinct stems (their names)."""
+    if value is None:
+        return []
+    if not (isinstance(value, list) and all(isinstance(x, str) and x.endswith((".yaml", ".yml"))
+                                            for x in value)):
+        raise SpecError("settings must be a list of config overlay files (.yaml), one per "
+                        f"difficulty setting, got {value!r:.80}")
+    names = [setting_name(x) for x in value]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(f"settings names {twice[0]} twice: each setting is named by its file's "
+                        "stem, so the stems must differ")
+    return [_resolve(x) for x in value]
+
+
 def _expand_aliases(key: str) -> str:
     """``"rank,m"`` → the full keys, comma-joined (:data:`ALIASES`)."""
     return ",".join(ALIASES.get(k.strip(), k.strip()) for k in key.split(","))
@@ -223,6 +260,9 @@ def _check_grid(grid: Any) -> dict[str, list[Any]]:
     if twice:
         raise SpecError(f"grid sets {twice[0]} twice (an alias and its full key?)")
     grid = expanded
+    if SETTING in names:
+        raise SpecError(f"grid names {SETTING!r}, the key settings: runs under; list a task's "
+                        "difficulty settings under settings:")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise SpecError(f"grid.{key} must be a non-empty list")
@@ -413,7 +453,8 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
                      args=_resolve_args(args), storage=merged.get("storage"),
                      plots=_check_plots(merged.get("plots")),
                      claims=_check_claims(merged.get("claims")), reuse=list(reuse),
-                     description=" ".join(description.split()))
+                     description=" ".join(description.split()),
+                     settings=_check_settings(merged.get("settings")))
     check_run_folders(spec)
     return spec
 

@@ -18,19 +18,21 @@ holds the profiles to them)."""
 
 
 def label(hp: dict[str, Any]) -> str:
-    """Row name: method and its sizes, plus the denominator when there is one."""
+    """Row name: method and its sizes, plus the denominator when there is one, and the task's
+    difficulty setting where a spec trains one run per setting (``" on copy_64"``)."""
     fm = hp.get("feature_map", "?")
+    at = f" on {hp['setting']}" if hp.get("setting") else ""
     if fm == "Based":
         text = f"BASED r={hp.get('r')}"
     elif fm == "softmax":  # no map, no sizes; what it was trained with still shows
-        return "softmax" + variant(hp) + training_label(hp)
+        return "softmax" + variant(hp) + training_label(hp) + at
     else:  # a map's sizes, those it has (elu+1 has no degree: its m is the head dim)
         sizes = [f"{k}={hp[k]}" for k in ("p", "m") if hp.get(k) is not None]
         text = " ".join([fm, *sizes])
         text += f" t={hp['rank']}" if fm == "LLoPS" else ""
     norm = hp.get("normalize")
     text += f" denominator={norm}" if norm not in (None, "none") else ""
-    return text + variant(hp) + training_label(hp)
+    return text + variant(hp) + training_label(hp) + at
 
 
 def with_training_defaults(hp: dict[str, Any]) -> dict[str, Any]:

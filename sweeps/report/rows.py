@@ -3,7 +3,8 @@
 For every point and lr, accuracy is averaged over seeds (:func:`sweeps.trials.by_point_and_lr`);
 the lr with the best mean is the point's best lr, and the row reports mean ± std (sample std,
 n seeds) there, per-slice means, state size and the paper's value where one matches
-(``sweeps.paper``), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
+(``sweeps.paper``; a spec's ``settings:`` make a row per point and setting, whose
+``hparams`` name the setting), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
 the best lr's runs that converged, :mod:`arbench.curves`), collapsed and diverged runs at the
 best lr (a diverged run counts at its best validation before it), failed runs of the point
 with no result (left out of their lr's mean), ``seeds`` (the study's seed count, flagged when
@@ -25,7 +26,7 @@ from optuna.trial import TrialState
 
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
-from sweeps.spec import SweepSpec
+from sweeps.spec import SETTING, SweepSpec, setting_name
 from sweeps.trials import (
     SEED,
     Trials,
@@ -66,6 +67,8 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
         values = [run_value(t, maximize) for t in at_best]
         hp = dict(next((t.user_attrs["hparams"] for ts in by_lr.values() for t in ts
                         if t.user_attrs.get("hparams")), {}))
+        if SETTING in dict(point):  # a task's difficulty setting: its label and where: filters
+            hp["setting"] = setting_name(dict(point)[SETTING])
         slices: dict[str, list[float]] = defaultdict(list)
         for t in at_best:
             for name, acc in (t.user_attrs.get("slices") or {}).items():

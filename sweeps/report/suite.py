@@ -1,12 +1,15 @@
 """``python -m sweeps suite``: one grid over several tasks (a study each), as a method × task table.
 
 A suite is a list of specs, one per task (``sweeps/suite_<task>.yaml``), that share one grid.
-A *method* is a grid point less seed and lr (:data:`sweeps.trials.VARYING`); in each task's
-study it sits at that study's best lr for it (:func:`sweeps.report.rows.rows`, as ``report``
-picks it). MAD's aggregate (Poli et al. 2024, mad-lab): a run's *task score* is the mean of
-its accuracy over the task's difficulty settings, here its test slices (each slice's val/acc
-at the run's best validation, as ``table.md``'s slice columns); a cell is the mean ± sample
-std of the task score over the seeds at the point's best lr; a method's aggregate is the mean
+A *method* is a grid point less seed and lr (:data:`sweeps.trials.VARYING`) and, for a task
+trained one run per difficulty setting (a spec's ``settings:``), less its setting; in each
+task's study it sits at that study's best lr for it (:func:`sweeps.report.rows.rows`, as
+``report`` picks it, per setting). MAD's aggregate (Poli et al. 2024, mad-lab): a run's *task
+score* is the mean of its accuracy over the task's difficulty settings: its test slices (each
+slice's val/acc at the run's best validation, as ``table.md``'s slice columns), and, where
+each setting is a run of its own, the mean over those runs, each at its setting's best lr
+(:func:`sweeps.report.settings.task_rows`); a cell is the mean ± sample std of the task score
+over the seeds; a method's aggregate is the mean
 of its cells over the tasks, with the std over the seeds every task has of each seed's mean
 over tasks. A cell with no finished run is missing (never 0), and so is the aggregate of a
 method missing on any task; a cell whose point has runs still to finish is marked partial.
@@ -33,8 +36,9 @@ from sweeps.report import study_trials
 from sweeps.report.labels import TASK_MODEL_KEYS, label, task_model
 from sweeps.report.plots import write_heatmap
 from sweeps.report.rows import rows
+from sweeps.report.settings import lrs_text, task_rows
 from sweeps.report.table import claim_rows
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SETTING, SpecError, SweepSpec
 from sweeps.trials import (
     RESULTS,
     VARYING,
@@ -45,16 +49,20 @@ from sweeps.trials import (
     state_counts,
 )
 
+METHOD_FREE = (*VARYING, SETTING)
+"""The grid keys a suite's method averages over: seed and lr, and a task's setting."""
+
 AGGREGATE = "aggregate"
 """The aggregate's column name (table.md, table.csv's ``aggregate_*``, the heat map)."""
 
 
 @dataclass
 class Cell:
-    """One method on one task: each seed's task score (a fraction) at the point's best lr."""
+    """One method on one task: each seed's task score (a fraction) at the point's best lr
+    (``{setting: best lr}``, the key None for a task without settings)."""
 
     scores: dict[Any, float]
-    best_lr: float
+    best_lrs: dict[str | None, float]
     partial: bool = False
 
     @property
@@ -88,7 +96,7 @@ class Method:
             return None
         seeds = set.intersection(*(set(self.cells[t].scores) for t in tasks))
         return Cell({s: statistics.fmean(self.cells[t].scores[s] for t in tasks)
-                     for s in sorted(seeds, key=str)}, best_lr=math.nan,
+                     for s in sorted(seeds, key=str)}, best_lrs={},
                     partial=any(self.cells[t].partial for t in tasks))
 
 
@@ -136,11 +144,15 @@ def check_suite(specs: list[SweepSpec]) -> None:
                             "suite's with --storage")
 
 
+def method_key(point: dict[str, Any]) -> tuple:
+    """A method's key: :func:`sweeps.trials.point_key` less seed, lr and setting."""
+    return point_key(point, free=METHOD_FREE)
+
+
 def grid_methods(spec: SweepSpec) -> dict[tuple, dict[str, Any]]:
-    """``{method key: its grid values}`` (:func:`sweeps.trials.point_key` less seed and lr),
-    ordered by the grid's ``config`` values first (the rows of one method config together),
-    then as the grid lists them."""
-    points = {point_key(p): {k: v for k, v in p.items() if k not in VARYING}
+    """``{method key: its grid values}`` (:func:`method_key`), ordered by the grid's ``config``
+    values first (the rows of one method config together), then as the grid lists them."""
+    points = {method_key(p): {k: v for k, v in p.items() if k not in METHOD_FREE}
               for p in spec.points()}
     configs = list(dict.fromkeys(str(v.get("config")) for v in points.values()))
     return dict(sorted(points.items(), key=lambda kv: configs.index(str(kv[1].get("config")))))
@@ -159,24 +171,24 @@ def progress(spec: SweepSpec, trials: Trials) -> dict[str, int]:
 
 
 def unfinished_methods(spec: SweepSpec, trials: Trials) -> set[tuple]:
-    """The method keys with a grid point (an lr or a seed) that has no finished result yet."""
+    """The method keys with a grid point (an lr, a seed or a setting) that has no finished
+    result yet."""
     done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
-    return {point_key(p) for p in spec.points() if point_key(p, free=()) not in done}
+    return {method_key(p) for p in spec.points() if point_key(p, free=()) not in done}
 
 
 def task_cells(spec: SweepSpec, trials: Trials) -> tuple[dict[tuple, Cell], list[dict[str, Any]]]:
-    """``({method key: Cell}, rows)``: each point's task score per seed at its best lr (the
-    seeds whose run recorded slices), and the study's table rows (:func:`rows`)."""
-    table = rows(spec, trials)
+    """``({method key: Cell}, task rows)``: each method's task score per seed (the seeds whose
+    runs recorded slices, at every setting), and the study's rows merged per method
+    (:func:`~sweeps.report.settings.task_rows` of :func:`rows`)."""
+    merged = task_rows(spec, rows(spec, trials))
     open_keys = unfinished_methods(spec, trials)
     cells = {}
-    for row in table:
+    for row in merged:
         key = tuple(sorted(row["point"].items()))
-        scores = {seed: statistics.fmean(slices.values())
-                  for seed, slices in row["seed_slices"].items() if slices}
-        if scores:
-            cells[key] = Cell(scores, row["best_lr"], partial=key in open_keys)
-    return cells, table
+        if row["seed_scores"]:
+            cells[key] = Cell(row["seed_scores"], row["best_lrs"], partial=key in open_keys)
+    return cells, merged
 
 
 @dataclass
@@ -198,7 +210,7 @@ def method_hparams(hp: dict[str, Any]) -> dict[str, Any]:
     of the model (:data:`~sweeps.report.labels.TASK_MODEL_KEYS`, shown per task instead), its
     ``state_size`` at the default depth (each conv-and-attention cycle holds the same state, so
     a model of ``n_layers`` holds ``n_layers / 2`` times that)."""
-    out = {k: v for k, v in hp.items() if k not in TASK_MODEL_KEYS}
+    out = {k: v for k, v in hp.items() if k not in (*TASK_MODEL_KEYS, "setting")}
     depth = hp.get("n_layers") or DEFAULT_N_LAYERS
     if out.get("state_size") and depth != DEFAULT_N_LAYERS:
         out["state_size"] = out["state_size"] * DEFAULT_N_LAYERS // depth
@@ -281,7 +293,9 @@ def suite_markdown(suite: Suite) -> list[str]:
     n_done = sum(1 for d in suite.progress.values() if d and d["done"] == d["total"])
     md = [f"# suite: {len(tasks)} tasks × {len(suite.methods)} methods", "",
           "Each cell: a run's task score is its mean accuracy over the task's difficulty "
-          "settings (its test slices, val/acc at the run's best validation); the cell is the "
+          "settings (its test slices, val/acc at the run's best validation; where a task "
+          "trains one run per setting, the mean over those runs, each at its setting's best "
+          "lr, for every seed that has them all); the cell is the "
           "mean ± sample std (n seeds) of that score at the point's best learning rate on "
           "that task (picked by each study's objective, as its own table.md). *aggregate*: "
           "MAD's, the mean of the method's cells over the tasks, ± the std over the seeds "
@@ -308,7 +322,7 @@ def suite_markdown(suite: Suite) -> list[str]:
     md += markdown_table(header, body)
     md += ["", "## Best lr per task", "", *markdown_table(
         ["method", *tasks],
-        [[m.label, *[f"{m.cells[t].best_lr:g}" if t in m.cells else "–" for t in tasks]]
+        [[m.label, *[lrs_text(m.cells[t].best_lrs) if t in m.cells else "–" for t in tasks]]
          for m in suite.methods])]
     names = list(dict.fromkeys(c["claim"] for rows_ in suite.claims.values() for c in rows_))
     if names:
@@ -338,13 +352,20 @@ def suite_csv_rows(suite: Suite) -> tuple[list[dict[str, Any]], list[str]]:
             row.update({f"{t}_mean": None, f"{t}_std": None, f"{t}_n": 0, f"{t}_best_lr": None,
                         f"{t}_partial": None} if c is None else
                        {f"{t}_mean": c.mean, f"{t}_std": c.std, f"{t}_n": c.n,
-                        f"{t}_best_lr": c.best_lr, f"{t}_partial": c.partial})
+                        f"{t}_best_lr": csv_lrs(c.best_lrs), f"{t}_partial": c.partial})
         agg = m.aggregate(suite.tasks)
         row.update({f"{AGGREGATE}_mean": aggregate_mean(m, suite.tasks),
                     f"{AGGREGATE}_std": agg.std if agg is not None and agg.n else None,
                     f"{AGGREGATE}_n": agg.n if agg is not None else None})
         out.append(row)
     return out, fields
+
+
+def csv_lrs(best_lrs: dict[str | None, float]) -> float | str:
+    """A cell's best lr for table.csv: the number, or ``"a=0.003;b=0.001"`` per setting."""
+    if list(best_lrs) == [None]:
+        return best_lrs[None]
+    return ";".join(f"{name}={lr:g}" for name, lr in best_lrs.items())
 
 
 def write_suite(specs: list[SweepSpec], storage: Any, out: Path) -> list[Path]:

@@ -15,6 +15,7 @@ from typing import Any
 from arbench.tables import markdown_row, markdown_table, write_csv
 from sweeps.paper import paper_gain_text
 from sweeps.report.labels import label, matches_all
+from sweeps.report.settings import task_rows
 from sweeps.spec import SweepSpec
 
 
@@ -65,7 +66,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
                  f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})",
                  *([mean_std_text(r[other])] if with_examples else []), paper,
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
-                 *[f"{100 * r['slices'].get(s, float('nan')):.1f}" for s in slice_names],
+                 *[f"{100 * r['slices'][s]:.1f}" if s in r["slices"] else "–"
+                   for s in slice_names],  # a run per setting tests that setting alone
                  f"{r['wall_time_s']:.0f}",
                  *([", ".join(short_device(d) for d in r["devices"])] if mixed else [])]
         md.append(markdown_row(cells))
@@ -78,9 +80,15 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
             "pruned": r["pruned"], "lr_at_edge": r["lr_at_edge"], "paper": r["paper"],
             **{f"acc_{s}": r["slices"].get(s) for s in slice_names},
             "wall_time_s": r["wall_time_s"]})
-    claims = claim_rows(table, getattr(spec, "claims", []))
+    settings = getattr(spec, "settings", [])
+    claims = claim_rows(task_rows(spec, table) if settings else table,
+                        getattr(spec, "claims", []))
     if claims:
         md += ["", "## Claims, seed by seed (each side at its best lr)", "",
+               *([f"Each side's value per seed is its task score: the mean over the "
+                  f"{len(settings)} settings of that seed's objective, each setting at its "
+                  "own best lr; a point not yet run at every setting is not checked.", ""]
+                 if settings else []),
                *claims_text(claims)]
     md_path, csv_path = out / "table.md", out / "table.csv"
     md_path.write_text("\n".join(md) + "\n")

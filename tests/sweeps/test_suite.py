@@ -200,7 +200,7 @@ def test_task_names_drop_the_shared_prefix():
     assert named("a_b_x", "a_b_y", "a_c") == ["b_x", "b_y", "c"]
 
 
-OWN = {"path", "description", "study", "profile", "reuse", "args"}
+OWN = {"path", "description", "study", "profile", "reuse", "args", "settings"}
 """The SweepSpec fields a suite spec sets itself; the rest come from sweeps/bases/suite.yaml."""
 REUSE = {"mqar": ["state_updates", "based_vs_llops", "warmstart_based"],
          **{t: [yaml.safe_load((ROOT / "sweeps" / f"calibration_{t}.yaml").read_text())["study"]]
@@ -214,9 +214,10 @@ def test_each_suite_spec_extends_the_base_with_only_its_own_keys():
     for path in SUITE_SPECS:
         raw = yaml.safe_load(path.read_text())
         assert raw["extends"] == "bases/suite.yaml"
-        assert set(raw) <= {"extends", "description", "study", "profile", "reuse", "profiles"}
+        assert set(raw) <= {"extends", "description", "study", "profile", "reuse", "profiles",
+                            "settings"}
         assert set(raw.get("profiles", {})) <= {"smoke"}
-        assert set(raw.get("profiles", {}).get("smoke", {})) <= {"args"}
+        assert set(raw.get("profiles", {}).get("smoke", {})) <= {"args", "settings"}
     assert "study" not in yaml.safe_load((ROOT / "sweeps/bases/suite.yaml").read_text())
 
 
@@ -229,7 +230,12 @@ def test_the_shipped_suite_shares_one_grid_and_its_claims(profile):
               for t, spec in specs.items()}
     first = specs["mqar"]
     for task, spec in specs.items():
-        assert shared[task] == shared["mqar"] and spec.points() == first.points()
+        assert shared[task] == shared["mqar"]
+        one = spec.settings[0] if spec.settings else None  # the grid, at one setting
+        assert [{k: v for k, v in p.items() if k != "setting"} for p in spec.points()
+                if p.get("setting") == one] == first.points()
+        assert len(spec.settings) == (0 if task != "selective_copying" else
+                                      2 if profile == "smoke" else 3)
         assert spec.study == f"suite_{task}"
         assert spec.profile == profile or spec.profile == ("cpu" if task == "mqar" else task)
         assert spec.reuse == ([] if profile == "smoke" else REUSE[task])
@@ -269,7 +275,8 @@ def test_each_suite_spec_has_its_task_at_smoke_size(path):
     task = path.stem.removeprefix("suite_")
     overlays = [Path(a).resolve() for a in spec.args if a.endswith(".yaml")]
     assert overlays == ([] if task == "mqar" else [ROOT / f"configs/tasks/{task}_smoke.yaml"])
-    assert len(spec.points()) == 4 and spec.pruner == "none" and not spec.reuse
+    assert len(spec.points()) == 4 * max(1, len(spec.settings))
+    assert spec.pruner == "none" and not spec.reuse
 
 
 @pytest.mark.filterwarnings("ignore:Choices for a categorical distribution")  # mixers: lists
