@@ -20,7 +20,7 @@ from sweeps.grow import extend_categorical_params
 from sweeps.params import point_distributions, recorded_distributions
 from sweeps.retry import without_rungs
 from sweeps.reuse import reuse_trial, same_experiments
-from sweeps.spec import SweepSpec
+from sweeps.spec import SETTING, SpecError, SweepSpec
 from sweeps.trials import failed_points, grid_point, lock_study_name
 
 
@@ -89,6 +89,18 @@ def enqueue(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
     return len(points) - len(reused)
 
 
+def check_settings_kept(spec: SweepSpec, existing: list[dict[str, Any]]) -> None:
+    """A study's runs either all have a setting (``settings:``) or none has: a spec that gained
+    (or dropped) ``settings:`` after its study began would queue its whole grid again beside
+    runs its tables cannot merge, so it stops with one line (name a new study instead)."""
+    had = {SETTING in point for point in existing}
+    if existing and had != {bool(spec.settings)}:
+        now = "lists settings:" if spec.settings else "lists no settings:"
+        before = "without" if spec.settings else "with"
+        raise SpecError(f"{spec.path} {now}, but study {spec.study} has runs {before} a "
+                        "setting; give the spec a new study name")
+
+
 def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
                  retry_failed: bool = False) -> tuple[int, int]:
     """Queue every grid point that has no trial yet and, with ``retry_failed``, every failed
@@ -96,8 +108,9 @@ def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
     categorical value) since the study began has it added to the recorded choices first
     (:mod:`sweeps.grow`)."""
     with queue_lock(storage, spec.study):
-        extend_categorical_params(storage, spec.study, spec.choices())
         existing = [grid_point(t) for t in study.get_trials(deepcopy=False)]
+        check_settings_kept(spec, existing)
+        extend_categorical_params(storage, spec.study, spec.choices())
         queued = enqueue(study, spec, storage,
                          [point for point in spec.points() if point not in existing])
         failed = failed_points(study.get_trials(deepcopy=False)) if retry_failed else []

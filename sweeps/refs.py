@@ -3,7 +3,9 @@
 Grid values that point at another study's runs: ``best:<study>`` is the last checkpoint of
 that study's run with this trial's seed, at the study's best learning rate (best mean over
 seeds). A two-stage protocol (train BASED, then continue from it) uses it for
-``model.init_from``; the other study must have finished and have one grid point.
+``model.init_from``; the other study must have finished and have one grid point. Where that
+study trains one run per difficulty setting (``settings:``), the trial's own setting picks
+among its runs (the same overlay name), so the referencing spec must list settings too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sweeps.spec import SETTING, setting_name
 from sweeps.trials import FINISHED, SEED, best_lr, by_point_and_lr, study_metric, valued_by
 
 BEST = "best:"
@@ -23,8 +26,9 @@ class RefError(ValueError):
     """A ``best:`` reference that cannot be resolved yet (or at all); the message says why."""
 
 
-def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
-    """The last checkpoint of ``study_name``'s run with ``seed`` at its best lr."""
+def best_checkpoint(study_name: str, seed: Any, storage: Any, setting: str | None = None) -> str:
+    """The last checkpoint of ``study_name``'s run with ``seed`` at its best lr (at
+    ``setting``, an overlay path, where that study has settings)."""
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
@@ -35,6 +39,14 @@ def best_checkpoint(study_name: str, seed: Any, storage: Any) -> str:
         trials = valued_by(trials, metric)
     if any(t.state not in FINISHED for t in trials):
         raise RefError(f"best:{study_name}: that study is still running")
+    if any(SETTING in t.params for t in trials):
+        if setting is None:
+            raise RefError(f"best:{study_name}: that study trains one run per setting "
+                           "(settings:); list the same settings in this spec")
+        trials = [t for t in trials if SETTING in t.params
+                  and setting_name(t.params[SETTING]) == setting_name(setting)]
+        if not trials:
+            raise RefError(f"best:{study_name}: no run at setting {setting_name(setting)}")
     points = by_point_and_lr(trials)
     if len(points) != 1:
         raise RefError(f"best:{study_name}: needs exactly one grid point besides seed and lr, "
@@ -61,7 +73,8 @@ def resolve_refs(params: dict[str, Any], storage: Any) -> dict[str, Any]:
     out = dict(params)
     for key, value in params.items():
         if isinstance(value, str) and value.startswith(BEST):
-            out[key] = best_checkpoint(value[len(BEST):], params.get(SEED), storage)
+            out[key] = best_checkpoint(value[len(BEST):], params.get(SEED), storage,
+                                       params.get(SETTING))
     return out
 
 

@@ -47,12 +47,16 @@ r beside LLoPS's m and t in one grid). A value ``best:<study>`` stands for the l
 of that finished study's run with the trial's seed at its best lr (``sweeps.refs``), e.g. for
 ``model.init_from``.
 
-``settings:`` lists a task's difficulty settings as config overlays applied after the profile,
-each one trained as a run of its own (MAD's protocol: a model per setting, not one model on a
-mixture). Every grid point runs once per setting; its runs carry the grid key ``setting`` (the
-overlay's path, named by its stem in run folders and row labels), each setting picks its own
-best lr, and a point's *task score* (the claims of its table, the suite's cell) is the mean over
-the settings of each seed's value (:mod:`sweeps.report.settings`).
+``settings:`` lists a task's difficulty settings as config overlays applied after the profile
+and the spec's ``args:``, each one trained as a run of its own (MAD's protocol: a model per
+setting, not one model on a mixture; ``sampler: grid`` only). Every grid point runs once per
+setting; its runs carry the grid key ``setting`` (the overlay's path, named by its stem in run
+folders and row labels), each setting picks its own best lr, and a point's *task score* (the
+claims of its table, its plots against an hparam, the suite's cell) is the mean over the
+settings of each seed's value, for the seeds that have every setting
+(:mod:`sweeps.report.settings`). A study keeps the settings it began with: a spec that gains
+or drops ``settings:`` needs a new study name. ``best:<study>`` of a study with settings
+picks the run at the trial's own setting.
 
 ``extends:`` (:func:`read_spec`) shares keys between specs: the base file's mapping, with each
 top-level key of the extending file replacing the base's, except ``profiles:``, whose entries
@@ -436,6 +440,9 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     n_trials = merged.get("n_trials")
     if sampler != "grid" and not (isinstance(n_trials, int) and n_trials > 0):
         raise SpecError(f"sampler {sampler} needs n_trials, a positive integer")
+    if sampler != "grid" and merged.get("settings"):
+        raise SpecError(f"settings: needs sampler: grid (every point runs at every setting; "
+                        f"sampler {sampler} would tune the setting like an hparam)")
     reuse = merged.get("reuse") or []
     if not (isinstance(reuse, list) and all(isinstance(x, str) and x for x in reuse)):
         raise SpecError("reuse must be a list of study names")

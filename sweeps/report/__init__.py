@@ -17,6 +17,7 @@ from sweeps.halving import write_halving
 from sweeps.report.plots import write_plot
 from sweeps.report.rows import rows
 from sweeps.report.runs import write_runs
+from sweeps.report.settings import task_rows
 from sweeps.report.table import write_table
 from sweeps.spec import SweepSpec
 from sweeps.trials import Trials, valued_by
@@ -41,5 +42,7 @@ def write_report(spec: SweepSpec, storage: Any, results: Path) -> list[Path]:
     table = rows(spec, trials)
     paths = write_table(spec, table, out) + [write_runs(spec, trials, out)]
     paths += write_halving(spec, trials, out)
-    paths += [write_plot(table, plot, out) for plot in spec.plots or DEFAULT_PLOTS]
+    merged = task_rows(spec, table) if spec.settings else table  # a row per point
+    paths += [write_plot(table if plot["x"] == "step" else merged, plot, out)
+              for plot in spec.plots or DEFAULT_PLOTS]
     return paths

@@ -161,10 +161,12 @@ def write_marked_plot(table: list[dict[str, Any]], plot: dict[str, Any], out: Pa
 
 def plotted_rows(table: list[dict[str, Any]], plot: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of ``table`` that have ``plot['x']`` and match ``plot['where']`` (and, with
-    ``plot['y']`` a slice, that have that slice)."""
+    ``plot['y']`` a slice, that have that slice; without, a value: a point not yet run at
+    every setting has none)."""
     where = plot.get("where") or {}
     y = plot.get("y")
     return [r for r in table if r["hparams"].get(plot["x"]) is not None
+            and (y is not None or r.get("n", 1) > 0)
             and matches_all(r["hparams"], where)
             and (y is None or r.get("slice_values", {}).get(y))]
 

@@ -5,7 +5,8 @@ table has a row per point and setting, each at that setting's own best lr
 (:func:`sweeps.report.rows.rows`). What the task asks of a point is the *task score*: for each
 seed, the mean over the settings of that seed's run at each setting's best lr. :func:`task_rows`
 merges a table's rows to one per point so: the spec's claims are checked on it
-(:mod:`sweeps.report.table`) and the suite's cells are made of it (:mod:`sweeps.report.suite`).
+(:mod:`sweeps.report.table`), its plots against an hparam draw it (learning curves stay per
+setting) and the suite's cells are made of it (:mod:`sweeps.report.suite`).
 A spec without settings has one "setting" per point, its row, and the merge keeps it as it is.
 
 Only a seed that has a value at every setting's best lr counts (a mean over fewer settings would
@@ -14,6 +15,7 @@ be another task's score); a point some of whose settings have no row yet has no 
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -44,10 +46,13 @@ def _per_seed(members: list[dict[str, float]]) -> dict[Any, float]:
 
 def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per point less its setting, in the table's order: ``point`` and ``hparams`` (no
-    setting), ``seed_values`` (the objective) and ``seed_scores`` (:func:`slice_scores`), each
-    the mean over the spec's settings per seed; ``best_lrs`` (``{setting: best lr}``, key None
-    without settings), ``settings_done`` and ``settings`` (how many of the spec's settings have
-    a row). Incomplete points keep empty ``seed_values`` and ``seed_scores``."""
+    setting; the first setting's state size, which may depend on the sequence length),
+    ``seed_values`` (the objective) and ``seed_scores`` (:func:`slice_scores`), each the mean
+    over the spec's settings per seed, with ``mean``, ``std`` (sample) and ``n`` over the
+    seeds of ``seed_values``; ``slice_values`` (each setting's slices: one setting tests each);
+    ``best_lrs`` (``{setting: best lr}``, key None without settings), ``settings_done`` and
+    ``settings`` (how many of the spec's settings have a row). Incomplete points keep empty
+    ``seed_values`` and ``seed_scores`` (``n`` 0, ``mean`` and ``std`` nan)."""
     wanted = [setting_name(p) for p in spec.settings] or [None]
     groups: dict[tuple, dict[str | None, dict[str, Any]]] = {}
     for row in table:
@@ -58,10 +63,15 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
         members = [by_setting[name] for name in wanted if name in by_setting]
         complete = len(members) == len(wanted)
         first = next(iter(by_setting.values()))
+        values = _per_seed([m["seed_values"] for m in members]) if complete else {}
         out.append({
             "point": dict(key),
             "hparams": {k: v for k, v in first["hparams"].items() if k != "setting"},
-            "seed_values": _per_seed([m["seed_values"] for m in members]) if complete else {},
+            "seed_values": values, "n": len(values),
+            "mean": statistics.fmean(values.values()) if values else math.nan,
+            "std": statistics.stdev(values.values()) if len(values) > 1 else
+            (0.0 if values else math.nan),
+            "slice_values": {k: v for m in members for k, v in m["slice_values"].items()},
             "seed_scores": _per_seed([slice_scores(m) for m in members]) if complete else {},
             "best_lrs": {row_setting(m): m["best_lr"] for m in members},
             "settings_done": len(members), "settings": len(wanted),

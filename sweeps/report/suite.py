@@ -81,12 +81,15 @@ class Cell:
 
 @dataclass
 class Method:
-    """A row of the suite: a grid point less seed and lr, with its cell on each task."""
+    """A row of the suite: a grid point less seed, lr and setting, with its cell on each task
+    (and, on a task with settings whose runs have not reached every setting,
+    ``(settings run, settings)`` there instead)."""
 
     key: tuple
     label: str
     hparams: dict[str, Any] = field(default_factory=dict)
     cells: dict[str, Cell] = field(default_factory=dict)
+    settings_done: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def aggregate(self, tasks: list[str]) -> Cell | None:
         """Each seed's mean task score over ``tasks``, for the seeds every task has (its std
@@ -180,7 +183,8 @@ def unfinished_methods(spec: SweepSpec, trials: Trials) -> set[tuple]:
 def task_cells(spec: SweepSpec, trials: Trials) -> tuple[dict[tuple, Cell], list[dict[str, Any]]]:
     """``({method key: Cell}, task rows)``: each method's task score per seed (the seeds whose
     runs recorded slices, at every setting), and the study's rows merged per method
-    (:func:`~sweeps.report.settings.task_rows` of :func:`rows`)."""
+    (:func:`~sweeps.report.settings.task_rows` of :func:`rows`; a row not yet run at every
+    setting has no cell, its ``settings_done`` says how far it is)."""
     merged = task_rows(spec, rows(spec, trials))
     open_keys = unfinished_methods(spec, trials)
     cells = {}
@@ -245,6 +249,8 @@ def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Sui
                 method.label = label(method.hparams)
             if key in cells:
                 method.cells[task] = cells[key]
+            elif row["settings_done"] < row["settings"]:
+                method.settings_done[task] = (row["settings_done"], row["settings"])
     for method in methods.values():  # a row with runs but no hparams recorded
         method.label = method.label or trial_name(dict(method.key))
     return Suite(tasks, specs, list(methods.values()), done, claims,
@@ -255,8 +261,12 @@ def pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
-def cell_text(cell: Cell | None, mean: float | None = None) -> str:
-    """``"mean ± std (n)"`` in percent, ``*`` when partial; ``"–"`` when missing."""
+def cell_text(cell: Cell | None, mean: float | None = None,
+              settings: tuple[int, int] | None = None) -> str:
+    """``"mean ± std (n)"`` in percent, ``*`` when partial; ``"–"`` when missing, and
+    ``"– (1 of 3 settings)*"`` for a method not yet run at every setting of its task."""
+    if settings is not None and (cell is None or not cell.n):
+        return f"– ({settings[0]} of {settings[1]} settings)*"
     if cell is None or not cell.n:
         return "–"
     shown = cell.mean if mean is None else mean
@@ -293,17 +303,18 @@ def suite_markdown(suite: Suite) -> list[str]:
     n_done = sum(1 for d in suite.progress.values() if d and d["done"] == d["total"])
     md = [f"# suite: {len(tasks)} tasks × {len(suite.methods)} methods", "",
           "Each cell: a run's task score is its mean accuracy over the task's difficulty "
-          "settings (its test slices, val/acc at the run's best validation; where a task "
-          "trains one run per setting, the mean over those runs, each at its setting's best "
-          "lr, for every seed that has them all); the cell is the "
+          "settings (its test slices, val/acc at the run's best validation); the cell is the "
           "mean ± sample std (n seeds) of that score at the point's best learning rate on "
-          "that task (picked by each study's objective, as its own table.md). *aggregate*: "
+          "that task (picked by each study's objective, as its own table.md). Where a task "
+          "trains one run per setting (its spec's settings:), a seed's score is the mean "
+          "over those runs, each at its own setting's best lr, for the seeds that have "
+          "them all; \"– (k of n settings)*\": not yet run at every setting. *aggregate*: "
           "MAD's, the mean of the method's cells over the tasks, ± the std over the seeds "
           "every task has of each seed's mean over tasks (n those seeds); missing when a task "
           "has no cell. *state size*: floats of recurrent state of a conv and an attention "
           "layer, the default depth; a task whose profile deepens the model (its line below) "
           "holds that per such pair. – : no finished run. * : partial, runs of this point "
-          "(an lr or a seed) not finished yet, so its best lr may still change. Per-task "
+          "(an lr, a seed or a setting) not finished yet, so its best lr may still change. Per-task "
           "tables, runs.csv and plots: `python -m sweeps report SPEC`.", "",
           f"Tasks done: {n_done} of {len(tasks)}.", "",
           *[progress_line(t, s, suite.progress[t], suite.models.get(t, ""))
@@ -318,7 +329,8 @@ def suite_markdown(suite: Suite) -> list[str]:
             f"– ({pct(mean)} over tasks, no seed in all)" if mean is not None else \
             f"– ({have} of {len(tasks)} tasks)"
         body.append([m.label, m.hparams.get("state_size", ""),
-                     *[cell_text(m.cells.get(t)) for t in tasks], agg_text])
+                     *[cell_text(m.cells.get(t), settings=m.settings_done.get(t))
+                       for t in tasks], agg_text])
     md += markdown_table(header, body)
     md += ["", "## Best lr per task", "", *markdown_table(
         ["method", *tasks],
@@ -350,7 +362,7 @@ def suite_csv_rows(suite: Suite) -> tuple[list[dict[str, Any]], list[str]]:
         for t in suite.tasks:
             c = m.cells.get(t)
             row.update({f"{t}_mean": None, f"{t}_std": None, f"{t}_n": 0, f"{t}_best_lr": None,
-                        f"{t}_partial": None} if c is None else
+                        f"{t}_partial": True if t in m.settings_done else None} if c is None else
                        {f"{t}_mean": c.mean, f"{t}_std": c.std, f"{t}_n": c.n,
                         f"{t}_best_lr": csv_lrs(c.best_lrs), f"{t}_partial": c.partial})
         agg = m.aggregate(suite.tasks)

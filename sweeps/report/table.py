@@ -121,7 +121,8 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
     claim holds, and the mean ± sample std of the gap (better − worse). A claim with
     ``parity: t`` also gets ``parity``: whether the two rows' means (over all their seeds)
     differ by at most ``tolerance`` = max(the ``worse`` row's seed std, t points), and
-    ``mean_gap``. A claim whose rows are missing or ambiguous says so in ``status``."""
+    ``mean_gap``. A claim whose rows are missing or ambiguous, or (task rows) not yet run at
+    every setting, says so in ``status``."""
     out = []
     for claim in claims:
         picked = []
@@ -130,6 +131,10 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
             picked.append(hits[0] if len(hits) == 1 else None)
             if len(hits) != 1:
                 status = f"{len(hits)} rows match {side} {claim[side]}"
+            elif hits[0].get("settings_done", 0) < hits[0].get("settings", 0):
+                picked[-1] = None  # a task row (sweeps.report.settings) still missing settings
+                status = (f"{side} has run at {hits[0]['settings_done']} of "
+                          f"{hits[0]['settings']} settings")
         row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
                "gain": math.nan, "status": "ok",
                "paper_gain": paper_gain_text(claim["paper_gain"]) if "paper_gain" in claim

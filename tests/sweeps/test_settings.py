@@ -195,3 +195,69 @@ def test_selective_copyings_settings_each_train_and_test_one_setting_on_its_prof
     calibration = load_spec(ROOT / "sweeps" / "calibration_selective_copying.yaml")
     assert calibration.settings == spec.settings
     validate_points(calibration)
+
+
+def test_claims_and_suite_cells_say_how_many_settings_a_point_has_run(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = write_spec(tmp_path, "t_copy")
+    record(url, path, {k: v for k, v in RUNS.items() if not (k[0] == 4 and k[3] == L)})
+    assert main(["report", str(path), "--storage", url, "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "t_copy" / "table.md").read_text()
+    assert "- p=4 > p=2: not checked (better has run at 1 of 2 settings)" in md
+    assert main(["suite", str(path), "--storage", url, "--out", str(tmp_path / "s")]) == 0
+    assert "| LLoPS p=4 m=64 t=1 | 2048 | – (1 of 2 settings)* |" in \
+        (tmp_path / "s" / "table.md").read_text()
+    merged = task_rows(load_spec(path), rows(load_spec(path), optuna.load_study(
+        study_name="t_copy", storage=url).get_trials()))
+    p2 = next(r for r in merged if r["hparams"]["p"] == 2)
+    assert (p2["n"], p2["mean"], p2["std"]) == (1, pytest.approx(0.6), 0.0)
+    assert sorted(p2["slice_values"]) == [S, L]  # each setting's own slice
+
+
+def test_a_setting_needs_a_grid_sweep(tmp_path):
+    with pytest.raises(SpecError, match="settings: needs sampler: grid"):
+        load_spec(write_spec(tmp_path, "tpe", sampler="tpe", n_trials=4))
+
+
+def test_a_study_keeps_the_settings_it_began_with(tmp_path):
+    """A spec that gains settings: after its study ran would queue its whole grid again beside
+    runs its tables cannot merge: it stops with one line."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"study": "t_copy", "configs": [], "profile": "smoke",
+                                     "grid": {"p": [2], "seed": [0]}, "lr": [1e-3]}))
+    spec = load_spec(plain)
+    study = optuna.create_study(study_name="t_copy", storage=url, direction="maximize")
+    point = spec.points()[0]
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, params=point,
+                                 distributions=point_distributions(point, spec, {}),
+                                 system_attrs={"fixed_params": point}))
+    gained = write_spec(tmp_path, "t_copy", configs=[str(ROOT / "configs/p4.yaml")])
+    done = sweep("run", str(gained), "--storage", url, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "study t_copy has runs without a setting; give the spec a new study name" in \
+        one_error_line(done.stderr)
+
+
+def test_best_of_a_study_with_settings_is_the_run_at_the_trials_own_setting(tmp_path):
+    from sweeps.refs import RefError, best_checkpoint
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = write_spec(tmp_path, "stage1", lr=[1e-3])
+    spec = load_spec(path)
+    study = optuna.create_study(study_name="stage1", storage=url, direction="maximize")
+    for point in spec.points():
+        if point["model.feature_map.init_args.p"] != 2:
+            continue
+        ckpt = tmp_path / f"{trial_name(point)}.ckpt"
+        ckpt.write_text("")
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=0.5, params=point,
+            distributions=point_distributions(point, spec, {}),
+            user_attrs={"last_checkpoint": str(ckpt)}, system_attrs={"fixed_params": point}))
+    got = best_checkpoint("stage1", 1, url, "elsewhere/copy_L64_T8.yaml")  # by the setting's name
+    assert Path(got).name == "p2_lr0.001_seed1_set-copy_L64_T8.ckpt"
+    with pytest.raises(RefError, match="trains one run per setting"):
+        best_checkpoint("stage1", 1, url)
+    with pytest.raises(RefError, match="no run at setting copy_L256_T16"):
+        best_checkpoint("stage1", 1, url, "configs/settings/copy_L256_T16.yaml")
