@@ -31,7 +31,10 @@ Softmax attention (``scaled_dot_product_attention``, causal): ``P = n(n+1)/2`` q
 the fused kernels skip the masked blocks.
 
 Backward: a forward+backward pass counts ``3×`` the forward FLOPs (each product's backward is
-two products of the same size), for every method alike.
+two products of the same size), for every method alike, except a feature map without trainable
+weights (PolySketch's fixed sketch, Performer's random features, BASED without its projection,
+elu + 1): it needs the input's gradient only, so its map counts ``2×`` its forward
+(:func:`linear_layer_fwd_bwd_flops`).
 """
 
 from __future__ import annotations
@@ -82,20 +85,41 @@ def softmax_attention_flops(n: int, d: int) -> float:
     return 4.0 * d * pairs + 3.0 * pairs
 
 
+def state_update_flops(m: int, n: int, dv: int, c: int, normalized: bool,
+                       rule: str = "linear") -> float:
+    """Forward FLOPs of the chunked state update ``rule`` (``linear``, ``gated``, ``delta``,
+    ``gated_delta``) on ``m`` features for one (batch, head)."""
+    width = dv + 1 if normalized else dv
+    if rule == "linear":
+        return chunked_attention_flops(n, m, width, c, normalized)
+    if rule == "gated":
+        return gated_attention_flops(n, m, width, c, normalized)
+    return delta_attention_flops(n, m, dv, c, gated=rule == "gated_delta")
+
+
 def linear_layer_flops(phi_q: FeatureMap, phi_k: FeatureMap, n: int, dv: int, c: int,
                        normalized: bool, batch_heads: int, rule: str = "linear") -> float:
-    """Forward FLOPs of φ_Q, φ_K and the chunked state update ``rule`` (``linear``, ``gated``,
-    ``delta``, ``gated_delta``) over ``batch_heads`` (batch·heads)."""
+    """Forward FLOPs of φ_Q, φ_K and the chunked state update ``rule`` over ``batch_heads``
+    (batch·heads)."""
     maps = n * (phi_q.flops_per_token() + phi_k.flops_per_token())
-    width = dv + 1 if normalized else dv
-    m = phi_q.feature_dim
-    if rule == "linear":
-        attn = chunked_attention_flops(n, m, width, c, normalized)
-    elif rule == "gated":
-        attn = gated_attention_flops(n, m, width, c, normalized)
-    else:
-        attn = delta_attention_flops(n, m, dv, c, gated=rule == "gated_delta")
+    attn = state_update_flops(phi_q.feature_dim, n, dv, c, normalized, rule)
     return batch_heads * (maps + attn)
+
+
+def map_fwd_bwd_factor(phi: FeatureMap) -> float:
+    """A map's forward+backward over its forward: ``3`` with trainable weights (the input's and
+    the weights' gradients), ``2`` without (the input's only)."""
+    trainable = any(p.requires_grad for p in phi.parameters())
+    return FWD_BWD_FACTOR if trainable else FWD_BWD_FACTOR - 1
+
+
+def linear_layer_fwd_bwd_flops(phi_q: FeatureMap, phi_k: FeatureMap, n: int, dv: int, c: int,
+                               normalized: bool, batch_heads: int, rule: str = "linear") -> float:
+    """Forward+backward FLOPs of :func:`linear_layer_flops`'s layer: ``3×`` the state update's
+    forward, and each map's forward times :func:`map_fwd_bwd_factor`."""
+    maps = n * sum(phi.flops_per_token() * map_fwd_bwd_factor(phi) for phi in (phi_q, phi_k))
+    attn = state_update_flops(phi_q.feature_dim, n, dv, c, normalized, rule)
+    return batch_heads * (maps + FWD_BWD_FACTOR * attn)
 
 
 def linear_flops(n: int, d_in: int, d_out: int) -> float:

@@ -18,6 +18,7 @@ from arbench.bench.config import BenchConfig
 from arbench.bench.flops import (
     FWD_BWD_FACTOR,
     linear_layer_flops,
+    linear_layer_fwd_bwd_flops,
     softmax_attention_flops,
 )
 from arbench.delta import l2_normalize
@@ -211,14 +212,18 @@ def skip_reason(method: Method, cfg: BenchConfig, n: int, pass_: str) -> str:
 
 
 def layer_flops(method: Method, layer: nn.Module, cfg: BenchConfig, n: int, pass_: str) -> float:
-    """FLOPs of one call of ``layer`` on n tokens for ``pass_`` in ``PASSES``."""
+    """FLOPs of one call of ``layer`` on n tokens for ``pass_`` in ``PASSES``: at the chunk
+    that computes it (fla's own, :data:`~arbench.kernels.fla_backend.FLA_CHUNK`, where fla
+    does), the backward of a map without trainable weights as its input's gradient only."""
     bh = cfg.batch * cfg.heads
-    if method.linear:
-        fwd = linear_layer_flops(layer.phi_q, layer.phi_k, n, cfg.head_dim, layer.chunk_size,
-                                 layer.normalize != "none", bh, layer.rule)
-    else:
+    if not method.linear:
         fwd = bh * softmax_attention_flops(n, cfg.head_dim)
-    return fwd * (FWD_BWD_FACTOR if pass_ == "fwd_bwd" else 1.0)
+        return fwd * (FWD_BWD_FACTOR if pass_ == "fwd_bwd" else 1.0)
+    by_fla = attention_backend(method, cfg).startswith("fla")
+    chunk = fla_backend.FLA_CHUNK if by_fla else layer.chunk_size
+    count = linear_layer_fwd_bwd_flops if pass_ == "fwd_bwd" else linear_layer_flops
+    return count(layer.phi_q, layer.phi_k, n, cfg.head_dim, chunk, layer.normalize != "none",
+                 bh, layer.rule)
 
 
 @dataclass

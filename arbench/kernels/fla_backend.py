@@ -35,7 +35,7 @@ recurrence):
   divides by ``q·Σk·scale + 1e-10``, another rule);
 - widths: fla's 16-bit kernels need even K and V (its backward asserts it): an odd width gets
   one zero column (:func:`pad_even`), dropped from the output;
-- ``chunk_size``: not used; fla's chunk is 64.
+- ``chunk_size``: not used; fla's chunk is :data:`FLA_CHUNK`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ import torch
 import torch.nn.functional as F
 
 from arbench.precision import kernel_dtype, use_cuda_kernels
+
+FLA_CHUNK = 64
+"""The chunk length fla's chunked kernels use, whatever arbench's chunk size (FLOP counts of
+the rows it computes, :mod:`arbench.bench.layers`)."""
 
 FORMS = ("linear", "gated", "delta", "gated_delta")
 FLA_DTYPES = (torch.bfloat16, torch.float16)

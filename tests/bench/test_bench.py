@@ -129,6 +129,55 @@ def test_flop_formula_matches_torch_counter(name, slack):
     assert counter.get_total_flops() <= ours <= slack * counter.get_total_flops()
 
 
+@pytest.mark.parametrize("name", ["llops_p4_t1", "llops_p2_t4", "polysketch_p4", "based_r8",
+                                  "flatten_p4"])
+def test_forward_backward_count_matches_torch_counter(name):
+    """Forward+backward on the reference forms (plain autograd, every product visible to the
+    counter): 3× the state update and each trainable map, 2× a map with fixed weights
+    (PolySketch's sketch gets no gradient; counted 3×, it would read 1.28× here)."""
+    from arbench.bench.layers import layer_flops
+    from arbench.precision import cpu_kernels
+
+    cfg = smoke_config(head_dim=64, m=32, based_r=8)
+    method = next(m for m in method_list(cfg) if m.name == name)
+    layer = build_layer(method, cfg, chunk_size=64)
+    inputs = make_inputs(cfg, 256)
+    with FlopCounterMode(display=False) as counter, cpu_kernels(False):
+        layer(inputs.qg, inputs.kg, inputs.vg).backward(inputs.dy)
+    ours = layer_flops(method, layer, cfg, 256, "fwd_bwd")
+    assert counter.get_total_flops() <= ours <= 1.02 * counter.get_total_flops()
+
+
+def test_rows_fla_computes_are_counted_at_flas_chunk(monkeypatch):
+    from arbench.bench import layers
+    from arbench.kernels.fla_backend import FLA_CHUNK
+
+    cfg = smoke_config(head_dim=64, m=32)
+    method = next(m for m in method_list(cfg) if m.name == "llops_p4_t1")
+    layer = build_layer(method, cfg, chunk_size=128)
+    own = layers.layer_flops(method, layer, cfg, 1024, "fwd")
+    monkeypatch.setattr(layers, "attention_backend", lambda method, cfg: "fla 0.0")
+    fla = layers.layer_flops(method, layer, cfg, 1024, "fwd")
+    assert own == linear_layer_flops(layer.phi_q, layer.phi_k, 1024, 64, 128, False, 1)
+    assert fla == linear_layer_flops(layer.phi_q, layer.phi_k, 1024, 64, FLA_CHUNK, False, 1)
+    assert fla < own
+
+
+def test_the_bf16_layer_check_reads_additive_state_only():
+    """The gated and delta rules keep their state in fp32 under autocast: their bf16 twins'
+    share of the bf16 reference is no verdict on the bf16 kernels."""
+    from arbench.bench.targets import bf16_checks
+
+    def row(rule, frac):
+        return {"bf16": True, "family": "llops", "rule": rule, "n": 4096, "pass": "fwd",
+                "status": "ok", "frac_peak": frac, "method": f"{rule}_llops", "gflops": 1.0}
+
+    result = {"matmul_bf16": {"median": 1.0}, "native_bf16": True, "train": [],
+              "rows": [row("linear", 0.7), row("delta", 0.2)]}
+    (fwd,) = [c for c in bf16_checks(result) if "forward at n = 4096" in c["target"]]
+    assert "linear_llops" in fwd["measured"] and fwd["verdict"] == "PASS"
+
+
 def test_compile_option_adds_compiled_twins_of_linear_methods():
     cfg = smoke_config(methods=("llops_p4_t1", "based_r4", "softmax"), compile=("llops_p4_t1",))
     methods = {m.name: m for m in method_list(cfg)}
