@@ -9,12 +9,14 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from arbench.checkpointing import RNG_KEY, restore_rng_states, rng_states
 from arbench.checks import CliError
 from arbench.defaults import (
     DEFAULT_N_LAYERS,
@@ -190,6 +192,15 @@ class LitRecall(L.LightningModule):
             logger.log_hyperparams(hp, metrics=metrics)
             logger.log_metrics({"model/params": float(hp["params"]),
                                 "model/state_size": float(hp["state_size"])}, step=0)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keeps the global random states, so that a run resumed from this checkpoint draws the
+        dropout masks an uninterrupted run would (Lightning seeds once, at the start)."""
+        checkpoint[RNG_KEY] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if RNG_KEY in checkpoint:  # checkpoints written before they kept it have none
+            restore_rng_states(checkpoint[RNG_KEY])
 
     # ---- training --------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

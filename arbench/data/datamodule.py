@@ -204,7 +204,11 @@ class MQARDataModule(L.LightningDataModule):
         sampler = ShardSampler(len(ds), rank, world, shuffle=train and self.shuffle,
                                seed=self.seed, pad=train,
                                done=self._epoch_batches_done if train else None)
-        return DataLoader(ds, batch_size=None, sampler=sampler)
+        # its own generator: each iterator a loader starts draws a seed from it, which would
+        # otherwise come from torch's global one and shift the dropout masks of a resumed run
+        # (its loaders start at other points than the uninterrupted run's)
+        return DataLoader(ds, batch_size=None, sampler=sampler,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self._train, train=True)

@@ -1,5 +1,6 @@
 """A run killed mid-epoch and resumed trains on the batches the uninterrupted run would have:
-the interrupted epoch goes on where it stopped (``ShardSampler``'s ``done``)."""
+the interrupted epoch goes on where it stopped (``ShardSampler``'s ``done``); and with dropout
+it draws the masks the uninterrupted run would (the checkpoint keeps the random states)."""
 
 import hashlib
 
@@ -10,6 +11,7 @@ from paths import SMOKE, config
 from arbench.cli import run
 
 SEEN: list[tuple[int, str]] = []
+LOSSES: dict[int, float] = {}
 
 
 class RecordBatches(L.Callback):
@@ -17,6 +19,13 @@ class RecordBatches(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         SEEN.append((trainer.global_step, hashlib.sha1(batch[0].numpy().tobytes()).hexdigest()))
+
+
+class RecordLosses(L.Callback):
+    """Keeps each step's training loss in :data:`LOSSES`."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        LOSSES[trainer.global_step - 1] = float(outputs["loss"])
 
 
 class KillAt12(L.Callback):
@@ -51,3 +60,20 @@ def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_one_does(in_t
     resumed = dict(SEEN)
     assert sorted(resumed) == list(range(10, 20))
     assert all(resumed[step] == whole[step] for step in resumed)
+
+
+def test_a_run_resumed_with_dropout_draws_the_masks_an_uninterrupted_one_does(in_tmp):
+    """Embedding dropout (zoology's recipe) draws from torch's global generator: restored from
+    the checkpoint, the resumed steps' losses are the uninterrupted run's, bit for bit."""
+    dropout = ("--model.embedding_dropout", "0.3",
+               "--trainer.callbacks+=test_resume_order.RecordLosses")
+    LOSSES.clear()
+    fit("--trainer.logger.init_args.name", "whole", *dropout)
+    whole = dict(LOSSES)
+    with pytest.raises(RuntimeError, match="killed"):
+        fit("--trainer.logger.init_args.name", "cut",
+            "--trainer.callbacks+=test_resume_order.KillAt12", *dropout)
+    LOSSES.clear()
+    fit("--trainer.logger.init_args.name", "cut", "--ckpt_path", "last", *dropout)
+    assert sorted(LOSSES) == list(range(10, 20))
+    assert all(LOSSES[step] == whole[step] for step in LOSSES)
