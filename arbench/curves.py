@@ -1,8 +1,11 @@
 """Verdicts on a run's curves: did it converge, did it collapse.
 
-- **Converged**: val/acc rose by less than :data:`CONVERGED_RISE` (1 point) over the last
-  quarter of the run's steps (from the last validation at or before 3/4 of the final step to the
-  final one), or it reached the early-stopping threshold (0.99).
+- **Converged**: val/acc (or, in the sweep reports, the study's objective) rose by less than
+  :data:`CONVERGED_RISE` (1 point) over the last quarter of the run's steps (from the last
+  validation at or before 3/4 of the final step to the final one), or it reached the
+  early-stopping threshold (0.99). A curve that fell over its last quarter counts as converged:
+  the verdict says whether more steps would raise the best validation the tables report, and
+  a fall is flagged where it comes from a collapse of the training loss (below).
 - **Collapsed at step N**: the training loss, smoothed over :data:`SMOOTH_STEPS` logged steps,
   first fell below :data:`COLLAPSE_LOW` (half) of its initial value and later climbed back above
   :data:`COLLAPSE_HIGH` (85%) of it; N is the step where it crossed back. The initial value is

@@ -24,6 +24,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from arbench.curves import is_converged
+from arbench.objective import EXAMPLE_ACC
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
 from sweeps.spec import SETTING, SweepSpec, setting_name
@@ -52,6 +54,26 @@ def mqar_slices(names: Iterable[str]) -> bool:
     return all(MQAR_SLICE.fullmatch(n) for n in names)
 
 
+def run_converged(t: Any, metric: str) -> bool | None:
+    """A run's convergence verdict on the study's objective: False for a run that diverged
+    (cut short); :func:`arbench.curves.is_converged` of its curve in ``metric`` for a completed
+    run that has one (the run's own ``converged`` is val/acc's, also where a study judges by
+    zoology's metric); else the verdict it recorded (None: unknown, e.g. a pruned run)."""
+    if t.user_attrs.get("diverged"):
+        return False
+    curve = objective_curve(t, metric) if t.state == TrialState.COMPLETE else []
+    return is_converged(curve) if curve else t.user_attrs.get("converged")
+
+
+def run_slices(t: Any, metric: str) -> dict[str, float]:
+    """A run's per-slice accuracy in the objective's metric: zoology's per slice at its best
+    validation of zoology's metric where the study judges by it (runs recorded before that metric
+    kept token accuracy only), else val/acc's per slice at its best val/acc."""
+    if metric.startswith(EXAMPLE_ACC) and t.user_attrs.get("example_slices"):
+        return dict(t.user_attrs["example_slices"])
+    return dict(t.user_attrs.get("slices") or {})
+
+
 def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per point of ``trials`` (the study's) at its best lr."""
     out = []
@@ -71,20 +93,20 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             hp["setting"] = setting_name(dict(point)[SETTING])
         slices: dict[str, list[float]] = defaultdict(list)
         for t in at_best:
-            for name, acc in (t.user_attrs.get("slices") or {}).items():
+            for name, acc in run_slices(t, metric).items():
                 slices[name].append(acc)
         examples = [t.user_attrs["example_acc"] for t in at_best
                     if t.user_attrs.get("example_acc") is not None]
         tokens = [t.user_attrs["val_acc"] for t in at_best
                   if t.user_attrs.get("val_acc") is not None]
-        verdicts = [t.user_attrs.get("converged") for t in at_best]
+        verdicts = [run_converged(t, metric) for t in at_best]
         known = [bool(v) for v in verdicts if v is not None]
         lrs = sorted(by_lr)
         out.append({
             "point": dict(point), "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
             "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
             "converged": sum(known) / len(known) if known else math.nan,
-            "not_converged": len(known) - sum(known),
+            "not_converged": len(known) - sum(known), "verdicts": len(known),
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in at_best),
             "diverged": sum(bool(t.user_attrs.get("diverged")) for t in at_best),
             "failed": failed.get(point, 0), "seeds": seeds,
@@ -96,8 +118,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
             "lr_means": {lr: statistics.fmean(run_value(t, maximize) for t in ts)
                          for lr, ts in by_lr.items()},
             "seed_values": {t.params.get(SEED): run_value(t, maximize) for t in at_best},
-            "seed_slices": {t.params.get(SEED): dict(t.user_attrs.get("slices") or {})
-                            for t in at_best},
+            "seed_slices": {t.params.get(SEED): run_slices(t, metric) for t in at_best},
             "curves": [objective_curve(t, metric) for t in at_best], "curve_metric": metric,
             "log_dirs": [t.user_attrs.get("log_dir") for t in at_best],
             "loss_curves": [t.user_attrs.get("loss_curve") for t in at_best],

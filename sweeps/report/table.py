@@ -39,13 +39,15 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           f"Objective {spec.metric}: the best validation of each run "
           f"({METRIC_TEXT.get(spec.metric, 'accuracy on one slice')}), "
           "mean ± sample std over seeds at the point's best learning rate. "
-          "Per-slice columns are means at that lr. Paper values: SPEC.md §4 (their protocol, "
-          "not this profile). *converged*: share of the best lr's runs whose val/acc rose by "
-          "< 1 point over their last quarter of steps (or reached 0.99); a row below 1 is "
-          "not a converged result. Flags: runs that collapsed (loss back above 85% of its "
-          "start after halving), runs at the best lr that had not converged, runs there "
-          "stopped by the pruner (counted with the best they had reached), a best lr at the "
-          "edge of the lrs tried. One row per run: runs.csv." + (
+          "Per-slice columns are means at that lr, each run's slices in the objective's "
+          "metric at its best validation of it. Paper values: SPEC.md §4 (their protocol, "
+          "not this profile). *converged*: share of the best lr's runs (with a verdict) whose "
+          "objective rose by < 1 point over their last quarter of steps (or reached 0.99; a "
+          "diverged run has not converged); a row below 1 is not a converged result. "
+          "Flags: runs that collapsed (loss back above 85% of its start after halving), "
+          "runs at the best lr that had not converged, runs there stopped by the pruner "
+          "(counted with the best they had reached), a best lr at the edge of the lrs tried. "
+          "One row per run: runs.csv." + (
               f" *{other_name.removesuffix(' %')}*: "
               + ("val/acc (micro accuracy over answer positions" if by_example else
                  "zoology's metric (mean over examples of each example's accuracy")
@@ -209,8 +211,8 @@ def flags(row: dict[str, Any]) -> str:
         out.append(f"{row['diverged']} diverged")
     if row["collapsed"]:
         out.append(f"{row['collapsed']} collapsed")
-    if row.get("not_converged"):
-        out.append(f"{row['not_converged']} of {row['n']} not converged")
+    if row.get("not_converged"):  # of the runs with a verdict (a pruned run may have none)
+        out.append(f"{row['not_converged']} of {row.get('verdicts', row['n'])} not converged")
     if row.get("pruned"):
         out.append(f"{row['pruned']} pruned")
     if row["lr_at_edge"]:

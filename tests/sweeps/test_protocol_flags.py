@@ -112,3 +112,29 @@ def test_a_run_that_diverges_after_a_validation_completes_at_its_best_before_it(
     assert t.state == TrialState.COMPLETE and t.value == t.user_attrs["val_acc"]
     assert t.user_attrs["diverged"].startswith("DivergenceError: diverged at step 10")
     assert t.user_attrs["global_step"] == 10  # where it stopped
+
+
+def test_convergence_and_slices_are_judged_in_the_objectives_metric():
+    """A study judged by zoology's metric: its rows' verdict comes from each run's curve of
+    that metric and its slice columns from that metric's slices (the run's own ``converged``
+    and ``slices`` are val/acc's); a run that diverged has not converged."""
+    spec = SimpleNamespace(study="s", direction="maximize", metric="val/example_acc")
+    flat = [[250, 0.80], [500, 0.89], [750, 0.893], [1000, 0.895]]  # zoology's: settled
+    rising = [[250, 0.50], [500, 0.60], [750, 0.70], [1000, 0.73]]  # val/acc: still rising
+    attrs = {"converged": False, "val_curve": rising, "example_curve": flat,
+             "slices": {"L64_N4": 0.17}, "example_slices": {"L64_N4": 0.555}}
+    (row,) = rows(spec, [trial(1e-3, s, 0.9, attrs=attrs) for s in (0, 1)])
+    assert (row["converged"], row["not_converged"]) == (1.0, 0)
+    assert row["slices"] == {"L64_N4": 0.555}
+    (row,) = rows(SPEC, [trial(1e-3, s, 0.9, attrs=attrs) for s in (0, 1)])  # val/acc's
+    assert (row["converged"], row["slices"]) == (0.0, {"L64_N4": 0.17})
+    cut = {**attrs, "diverged": "DivergenceError: diverged at step 1100"}
+    (row,) = rows(spec, [trial(1e-3, 0, 0.9, attrs=attrs), trial(1e-3, 1, 0.9, attrs=cut)])
+    assert row["not_converged"] == 1 and "1 of 2 not converged" in flags(row)
+
+
+def test_the_not_converged_flag_counts_the_runs_with_a_verdict():
+    pruned = trial(1e-3, 2, state=TrialState.PRUNED, curve={250: 0.5})
+    (row,) = rows(SPEC, [trial(1e-3, s, 0.9, attrs={"converged": False}) for s in (0, 1)]
+                  + [pruned])
+    assert row["n"] == 3 and "2 of 2 not converged" in flags(row)
