@@ -89,8 +89,9 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
         values = [run_value(t, maximize) for t in at_best]
         hp = dict(next((t.user_attrs["hparams"] for ts in by_lr.values() for t in ts
                         if t.user_attrs.get("hparams")), {}))
-        if SETTING in dict(point):  # a task's difficulty setting: its label and where: filters
-            hp["setting"] = setting_name(dict(point)[SETTING])
+        grid = dict(point)
+        if SETTING in grid:  # a task's difficulty setting: its label and where: filters
+            hp["setting"] = setting_name(grid[SETTING])
         slices: dict[str, list[float]] = defaultdict(list)
         for t in at_best:
             for name, acc in run_slices(t, metric).items():
@@ -103,7 +104,7 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
         known = [bool(v) for v in verdicts if v is not None]
         lrs = sorted(by_lr)
         out.append({
-            "point": dict(point), "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
+            "point": grid, "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
             "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
             "converged": sum(known) / len(known) if known else math.nan,
             "not_converged": len(known) - sum(known), "verdicts": len(known),
