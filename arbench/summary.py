@@ -13,7 +13,9 @@ crash never leaves it torn. The best and last validations and the wall time so f
 checkpoint, so a run resumed after a kill reports over all its validations, including those
 before the kill. So do the val/acc and training-loss curves behind the ``converged`` and
 ``collapsed_at`` verdicts (:mod:`arbench.curves`), and the ``val/example_acc`` curve
-(``example_curve``, for the sweep reports of studies judged by zoology's metric). The file
+(``example_curve``, for the sweep reports of studies judged by zoology's metric). A
+``validate`` of a checkpoint writes its evaluation as the last validation and leaves the
+training's curves, and so its verdicts, as the checkpoint carried them. The file
 keeps the training loss as means over blocks of 25 steps (``loss_curve``,
 :func:`arbench.curves.block_means`), so a sweep record carries it to another machine, where the
 run's TensorBoard files are not.
@@ -122,16 +124,18 @@ class RunSummary(Callback):
         if "val/acc" not in metrics:
             return
         metrics["step"] = float(trainer.global_step)
-        self.val_curve.append((int(trainer.global_step), metrics["val/acc"]))
-        if EXAMPLE_ACC in metrics:
-            self.example_curve.append((int(trainer.global_step), metrics[EXAMPLE_ACC]))
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:  # the curves are the training's: a validate of a checkpoint adds no point
+            self.val_curve.append((int(trainer.global_step), metrics["val/acc"]))
+            if EXAMPLE_ACC in metrics:
+                self.example_curve.append((int(trainer.global_step), metrics[EXAMPLE_ACC]))
         self.last = metrics
         if not self.best or metrics["val/acc"] > self.best["val/acc"]:
             self.best = metrics
         if EXAMPLE_ACC in metrics and (not self.best_example or
                                        metrics[EXAMPLE_ACC] > self.best_example[EXAMPLE_ACC]):
             self.best_example = metrics
-        if trainer.state.fn == TrainerFn.FITTING:
+        if fitting:
             self.pending = True  # the checkpoint callbacks have not saved yet
         else:
             self.write(trainer, pl_module, finished=False, log_dir=self._log_dir(trainer))

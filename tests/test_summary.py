@@ -83,3 +83,18 @@ def test_the_loss_curve_has_one_point_per_step_with_gradient_accumulation(in_tmp
     steps = [s for s, _ in state["loss_curve"]]  # to the last checkpoint's step
     assert len(steps) >= 6 and steps == list(range(1, len(steps) + 1))
     assert all(3.0 < v < 5.0 for _, v in state["loss_curve"])  # not divided by 4
+
+
+def test_validate_of_a_checkpoint_keeps_the_trainings_curves_and_verdict(in_tmp):
+    # 6 steps validated once, at the end: no validation before 3/4 of the steps, so not
+    # converged. A validate of the checkpoint must not add its evaluation (logged at step 0 of
+    # the validate run) to the training's curve, which then read as a plateau: converged.
+    fit(6, "--trainer.val_check_interval", "6")
+    trained = summary(in_tmp, 0)
+    assert trained["converged"] is False
+    run(["validate", "--config", config("p4.yaml"), *SMOKE, "--trainer.enable_progress_bar",
+         "false", "--ckpt_path", "runs/p4/checkpoints/last.ckpt"])
+    evaluated = summary(in_tmp, 1)
+    for key in ("val_curve", "example_curve", "loss_curve", "converged", "collapsed_at"):
+        assert evaluated[key] == trained[key], key
+    assert evaluated["last_val_acc"] == trained["last_val_acc"]  # the same model, the same data
