@@ -20,7 +20,7 @@ from sweeps.grow import extend_categorical_params
 from sweeps.params import point_distributions, recorded_distributions
 from sweeps.retry import without_rungs
 from sweeps.reuse import reuse_trial, same_experiments
-from sweeps.spec import SETTING, SpecError, SweepSpec
+from sweeps.spec import SETTING, SpecError, SweepSpec, setting_name
 from sweeps.trials import failed_points, grid_point, lock_study_name
 
 
@@ -90,15 +90,24 @@ def enqueue(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,
 
 
 def check_settings_kept(spec: SweepSpec, existing: list[dict[str, Any]]) -> None:
-    """A study's runs either all have a setting (``settings:``) or none has: a spec that gained
-    (or dropped) ``settings:`` after its study began would queue its whole grid again beside
-    runs its tables cannot merge, so it stops with one line (name a new study instead)."""
+    """A study keeps the settings it began with (``settings:``, compared by name, in any
+    order): a spec that gained or dropped ``settings:``, or changed which settings it lists,
+    after its study began would queue runs whose task scores (a mean over the settings) no
+    longer mean the same beside its runs, so it stops with one line (name a new study
+    instead)."""
+    if not existing:
+        return
     had = {SETTING in point for point in existing}
-    if existing and had != {bool(spec.settings)}:
+    if had != {bool(spec.settings)}:
         now = "lists settings:" if spec.settings else "lists no settings:"
         before = "without" if spec.settings else "with"
         raise SpecError(f"{spec.path} {now}, but study {spec.study} has runs {before} a "
                         "setting; give the spec a new study name")
+    ran = {setting_name(p[SETTING]) for p in existing if SETTING in p}
+    listed = {setting_name(path) for path in spec.settings}
+    if spec.settings and ran != listed:
+        raise SpecError(f"{spec.path} lists settings {sorted(listed)}, but study {spec.study} "
+                        f"began with {sorted(ran)}; give the spec a new study name")
 
 
 def enqueue_grid(study: optuna.Study, spec: SweepSpec, storage: RDBStorage,

@@ -52,10 +52,11 @@ and the spec's ``args:``, each one trained as a run of its own (MAD's protocol: 
 setting, not one model on a mixture; ``sampler: grid`` only). Every grid point runs once per
 setting; its runs carry the grid key ``setting`` (the overlay's path, named by its stem in run
 folders and row labels), each setting picks its own best lr, and a point's *task score* (the
-claims of its table, its plots against an hparam, the suite's cell) is the mean over the
-settings of each seed's value, for the seeds that have every setting
-(:mod:`sweeps.report.settings`). A study keeps the settings it began with: a spec that gains
-or drops ``settings:`` needs a new study name. ``best:<study>`` of a study with settings
+claims of its table and its plots against an hparam: the objective; the suite's cell: each
+run's mean over its test slices) is the mean over the settings of each seed's value, for the
+seeds that have every setting (:mod:`sweeps.report.settings`). A study keeps the settings it
+began with: a spec that gains or drops ``settings:``, or lists other ones, needs a new study
+name. ``best:<study>`` of a study with settings
 picks the run at the trial's own setting.
 
 ``extends:`` (:func:`read_spec`) shares keys between specs: the base file's mapping, with each

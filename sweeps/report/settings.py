@@ -46,13 +46,16 @@ def _per_seed(members: list[dict[str, float]]) -> dict[Any, float]:
 
 def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per point less its setting, in the table's order: ``point`` and ``hparams`` (no
-    setting; the first setting's state size, which may depend on the sequence length),
+    setting; the state size of the spec's first setting that has a row, which may depend on
+    the sequence length),
     ``seed_values`` (the objective) and ``seed_scores`` (:func:`slice_scores`), each the mean
     over the spec's settings per seed, with ``mean``, ``std`` (sample) and ``n`` over the
     seeds of ``seed_values``; ``slice_values`` (each setting's slices: one setting tests each);
     ``best_lrs`` (``{setting: best lr}``, key None without settings), ``settings_done`` and
-    ``settings`` (how many of the spec's settings have a row). Incomplete points keep empty
-    ``seed_values`` and ``seed_scores`` (``n`` 0, ``mean`` and ``std`` nan)."""
+    ``settings`` (how many of the spec's settings have a row), and ``short_of_seeds``: every
+    setting has a row but no seed has run at every setting's best lr (yet). Incomplete points,
+    and those short of seeds, keep empty ``seed_values`` and ``seed_scores`` (``n`` 0, ``mean``
+    and ``std`` nan)."""
     wanted = [setting_name(p) for p in spec.settings] or [None]
     groups: dict[tuple, dict[str | None, dict[str, Any]]] = {}
     for row in table:
@@ -62,7 +65,7 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
     for key, by_setting in groups.items():
         members = [by_setting[name] for name in wanted if name in by_setting]
         complete = len(members) == len(wanted)
-        first = next(iter(by_setting.values()))
+        first = members[0] if members else next(iter(by_setting.values()))
         values = _per_seed([m["seed_values"] for m in members]) if complete else {}
         out.append({
             "point": dict(key),
@@ -75,6 +78,7 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
             "seed_scores": _per_seed([slice_scores(m) for m in members]) if complete else {},
             "best_lrs": {row_setting(m): m["best_lr"] for m in members},
             "settings_done": len(members), "settings": len(wanted),
+            "short_of_seeds": complete and len(wanted) > 1 and not values,
         })
     return out
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from arbench.defaults import DEFAULT_N_LAYERS
 from arbench.tables import markdown_table, write_csv
@@ -175,9 +176,12 @@ def progress(spec: SweepSpec, trials: Trials) -> dict[str, int]:
 
 def unfinished_methods(spec: SweepSpec, trials: Trials) -> set[tuple]:
     """The method keys with a grid point (an lr, a seed or a setting) that has no finished
-    result yet."""
+    result yet, or with a run still queued or running (an lr ``--widen`` added is not in the
+    grid, and may still become the best)."""
     done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
-    return {method_key(p) for p in spec.points() if point_key(p, free=()) not in done}
+    open_keys = {method_key(p) for p in spec.points() if point_key(p, free=()) not in done}
+    return open_keys | {method_key(grid_point(t)) for t in trials
+                        if t.state in (TrialState.WAITING, TrialState.RUNNING)}
 
 
 def task_cells(spec: SweepSpec, trials: Trials) -> tuple[dict[tuple, Cell], list[dict[str, Any]]]:
@@ -249,7 +253,7 @@ def build_suite(specs: list[SweepSpec], trials: dict[str, Trials | None]) -> Sui
                 method.label = label(method.hparams)
             if key in cells:
                 method.cells[task] = cells[key]
-            elif row["settings_done"] < row["settings"]:
+            elif row["settings_done"] < row["settings"] or row.get("short_of_seeds"):
                 method.settings_done[task] = (row["settings_done"], row["settings"])
     for method in methods.values():  # a row with runs but no hparams recorded
         method.label = method.label or trial_name(dict(method.key))
@@ -266,6 +270,8 @@ def cell_text(cell: Cell | None, mean: float | None = None,
     """``"mean ± std (n)"`` in percent, ``*`` when partial; ``"–"`` when missing, and
     ``"– (1 of 3 settings)*"`` for a method not yet run at every setting of its task."""
     if settings is not None and (cell is None or not cell.n):
+        if settings[0] == settings[1]:  # every setting has run, no seed at each one's best lr
+            return "– (no seed at every setting yet)*"
         return f"– ({settings[0]} of {settings[1]} settings)*"
     if cell is None or not cell.n:
         return "–"
@@ -308,7 +314,8 @@ def suite_markdown(suite: Suite) -> list[str]:
           "that task (picked by each study's objective, as its own table.md). Where a task "
           "trains one run per setting (its spec's settings:), a seed's score is the mean "
           "over those runs, each at its own setting's best lr, for the seeds that have "
-          "them all; \"– (k of n settings)*\": not yet run at every setting. *aggregate*: "
+          "them all; \"– (k of n settings)*\": not yet run at every setting (\"no seed at "
+          "every setting yet\": each has run, but no seed at every one's best lr). *aggregate*: "
           "MAD's, the mean of the method's cells over the tasks, ± the std over the seeds "
           "every task has of each seed's mean over tasks (n those seeds); missing when a task "
           "has no cell. *state size*: floats of recurrent state of a conv and an attention "

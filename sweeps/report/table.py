@@ -137,6 +137,9 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
                 picked[-1] = None  # a task row (sweeps.report.settings) still missing settings
                 status = (f"{side} has run at {hits[0]['settings_done']} of "
                           f"{hits[0]['settings']} settings")
+            elif hits[0].get("short_of_seeds"):
+                picked[-1] = None  # every setting has run, but no seed at each one's best lr
+                status = f"{side} has no seed run at every setting's best lr yet"
         row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
                "gain": math.nan, "status": "ok",
                "paper_gain": paper_gain_text(claim["paper_gain"]) if "paper_gain" in claim

@@ -261,3 +261,63 @@ def test_best_of_a_study_with_settings_is_the_run_at_the_trials_own_setting(tmp_
         best_checkpoint("stage1", 1, url)
     with pytest.raises(RefError, match="no run at setting copy_L256_T16"):
         best_checkpoint("stage1", 1, url, "configs/settings/copy_L256_T16.yaml")
+
+
+def test_a_study_keeps_which_settings_it_began_with_in_any_order(tmp_path):
+    from sweeps.queue import check_settings_kept
+
+    began = load_spec(write_spec(tmp_path, "t_copy")).points()
+    check_settings_kept(load_spec(write_spec(tmp_path, "t_copy", (LARGE, SMALL))), began)
+    other = str(ROOT / "configs/settings/copy_L256_T16.yaml")
+    with pytest.raises(SpecError, match=r"lists settings \['copy_L256_T16', 'copy_L64_T8'\], "
+                       r"but study t_copy began with \['copy_L32_T4', 'copy_L64_T8'\]"):
+        check_settings_kept(load_spec(write_spec(tmp_path, "t_copy", (LARGE, other))), began)
+
+
+def test_a_point_whose_settings_share_no_seed_at_their_best_lrs_says_so(tmp_path):
+    """Each setting has run, but seed 0 only at the small setting's best lr and seed 1 only
+    at the large one's: no task score yet, and the claim and the cell say why."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = write_spec(tmp_path, "t_copy")
+    record(url, path, {(2, 0, 1e-3, S): (0.8, 0.8), (2, 1, 3e-3, L): (0.4, 0.4),
+                       **{k: v for k, v in RUNS.items() if k[0] == 4}})
+    spec = load_spec(path)
+    merged = task_rows(spec, rows(spec, optuna.load_study(study_name="t_copy",
+                                                          storage=url).get_trials()))
+    p2 = next(r for r in merged if r["hparams"]["p"] == 2)
+    assert (p2["settings_done"], p2["n"], p2["short_of_seeds"]) == (2, 0, True)
+    assert main(["report", str(path), "--storage", url, "--out", str(tmp_path / "r")]) == 0
+    assert "- p=4 > p=2: not checked (worse has no seed run at every setting's best lr yet)" \
+        in (tmp_path / "r" / "t_copy" / "table.md").read_text()
+    assert main(["suite", str(path), "--storage", url, "--out", str(tmp_path / "s")]) == 0
+    assert "| LLoPS p=2 m=64 t=1 | 2048 | – (no seed at every setting yet)* |" in \
+        (tmp_path / "s" / "table.md").read_text()
+
+
+def test_a_queued_widened_lr_leaves_the_cell_partial_and_the_state_size_is_the_first_settings(
+        tmp_path):
+    from sweeps.report.suite import task_cells
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = write_spec(tmp_path, "t_copy")
+    record(url, path, {**RUNS, **{(4, seed, 1e-3, s): (0.2, 0.2) for seed in (0, 1)
+                                  for s in (S, L)}})  # every run of p = 4
+    spec = load_spec(path)
+    study = optuna.load_study(study_name="t_copy", storage=url)
+    def p4_partial() -> bool:
+        cells = task_cells(spec, study.get_trials())[0]
+        (key,) = [k for k in cells if str(dict(k)["model.feature_map.init_args.p"]) == "4"]
+        return cells[key].partial
+
+    assert not p4_partial()  # every point of p = 4 has run
+    widened = {**spec.points()[-1], "model.lr": 1e-2}  # p = 4, an lr --widen added
+    study.enqueue_trial(widened, skip_if_exists=False)
+    assert p4_partial()
+    table = rows(spec, study.get_trials())
+    for row in table:  # the small setting (the spec's first) holds another state size
+        if row["hparams"]["setting"] == S:
+            row["hparams"] = {**row["hparams"], "state_size": 999}
+    large_first = [r for r in table if r["hparams"]["setting"] == L] + \
+        [r for r in table if r["hparams"]["setting"] == S]
+    merged = task_rows(spec, large_first)
+    assert [r["hparams"]["state_size"] for r in merged] == [999, 999]
