@@ -138,6 +138,8 @@ def test_invalid_yaml_names_the_file(in_tmp, capsys):
     (["--seed_everything", "x"], "error: seed_everything: expected true or false or an integer, "
                                  "got x"),
     (["--data.test_segments", "foo"], "error: data.test_segments: expected a list, got foo"),
+    (["--data.test_segments", "[]"],
+     "error: invalid configuration: data.test_segments must list at least one segment"),
 ])
 def test_parser_errors_are_one_line(in_tmp, capsys, args, expected):
     assert one_error(capsys, ["fit", *P4, *args]) == expected

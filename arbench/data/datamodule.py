@@ -127,8 +127,9 @@ class MQARDataModule(L.LightningDataModule):
                  random_non_queries: bool = True, cache_dir: str | None = None,
                  shuffle: bool = True):
         super().__init__()
-        train_segments = train_segments or [Segment(64, 4, 10_000)]
-        test_segments = test_segments or [Segment(64, 4, 1_000)]
+        # the defaults only where none is given: an empty list stops in _as_segments
+        train_segments = [Segment(64, 4, 10_000)] if train_segments is None else train_segments
+        test_segments = [Segment(64, 4, 1_000)] if test_segments is None else test_segments
         for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
                             ("eval_batch_size", eval_batch_size)):
             check_int(f"data.{name}", value)

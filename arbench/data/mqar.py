@@ -10,6 +10,16 @@ distinct within an example. Every key is asked once in the query region, at an e
 with probability proportional to ``g ** (power_a - 1)`` (early slots favoured). The label at a
 query position is the value paired with that key (the model answers right after reading the
 key); every other label is ``IGNORE_INDEX``.
+
+Worked example (``num_kv_pairs=3, seq_len=16, vocab_size=16, seed=1``, random non-query
+tokens; ``.`` is ``IGNORE_INDEX``)::
+
+    inputs   5 14  2 10  7 15 |  2  7  5  9  1  7  7  0  6 13
+    labels   .  .  .  .  .  . | 10  . 14  .  .  . 15  .  .  .
+
+Keys 2, 5 and 7 are asked at offsets 0, 2 and 6 of the query region. The answer is never an
+input: the token after a query is a random one. A random token may be a key (the 7s at
+offsets 1 and 5), unlabelled: only the slots drawn as queries are asked.
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ random_non_queries=False, seed=1``; ``.`` is ``IGNORE_INDEX``)::
 
 Key 5 was first paired with 14, then with 11: its query answers 11.
 
+The query region's other slots hold random tokens (``random_non_queries``, as zoology's), so
+one may be a key of the example followed by a random token: a rule blind to position would
+read that pair as another update, more often in longer examples. The label is the value of the
+context region (the first ``2 (N + U)`` tokens), which a model with positions can tell apart;
+the ``overwrite`` profile gives every model position embeddings.
+
 One difference from zoology's code: there the new value of the ``j``-th update only avoids the
 first value of the ``j``-th key, not that of the key it is given to (drawn separately), so about
 one update in ``vocab_size / 2`` reassigns a key its own value; here the new value always

@@ -4,6 +4,7 @@ import pytest
 
 import arbench.data.copying as copying
 import arbench.data.incontext as incontext
+import arbench.data.mqar as mqar
 import arbench.data.overwrite as overwrite
 from arbench.data.mqar import IGNORE_INDEX
 
@@ -19,6 +20,7 @@ def examples(doc: str) -> list[tuple[list[int], list[int]]]:
 
 
 CASES = [
+    (mqar, lambda: mqar.generate_mqar(1, 16, 3, 16, seed=1)),
     (copying, lambda: copying.generate_selective_copying(1, 12, 3, 8, seed=0)),
     (overwrite, lambda: overwrite.generate_overwrite(1, 16, 3, 1, 16, random_non_queries=False,
                                                      seed=1)),
