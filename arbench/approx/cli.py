@@ -12,7 +12,7 @@ import torch
 
 from arbench.approx.extract import extract_from_teacher, load_teacher, softmax_layers
 from arbench.approx.fit import FitConfig
-from arbench.approx.ledger import Ledger
+from arbench.approx.ledger import Ledger, key
 from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, write_report
@@ -185,12 +185,15 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
            if config.val_seqs else "")
         + ("Starts: LLoPS from alternating least squares over its CP factors (each factor's "
            "subproblem is linear least squares, solved by conjugate gradients; at most "
-           f"{config.fit.start.sweeps} sweeps) from "
+           f"{config.fit.start.sweeps} sweeps a stage) from "
            + ("BASED-style's start below written as rank-1 LLoPS factors (each degree-p "
               "monomial of the r projections is a product of p linear forms)"
               if config.fit.start.llops_from == "projection" else "its sketch start")
            + ", a CP rank t > 1 rank 1 "
-           "first and the other ranks grown from that fit; BASED-style from the "
+           "first and the other ranks grown from that fit (two stages; where the grown fit "
+           "ends above the rank-1 stage on the ALS loss, "
+           + ("the validation loss, " if config.val_seqs else "the training loss, ")
+           + "the rank-1 fit is kept with the other ranks zero); BASED-style from the "
            "projections that make (qW_Q)·(kW_K) the best rank-r approximation of q·k on the "
            "training pairs; " if config.fit.data_start else "Starts: ")
         + f"MLP{'' if config.fit.data_start else ', LLoPS, BASED-style'} and Flatten from Adam "
@@ -202,9 +205,14 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"{list(config.lrs or (config.fit.lr,))} by that validation loss, "
         f"{config.fit.batch}×{config.fit.batch} pairs a step, seed {config.fit.seed}, estimate "
         f"rescaled at init to {config.fit.init_ratio}×‖A‖. PolySketchFormer is a fixed "
-        "Gaussian sketch shared by q and k (unbiased, not fitted); LLoPS/Flatten are built as "
-        "that sketch (temperature 1, φ_K a copy of φ_Q). A stationary point need not be a "
-        "map's best fit (see the floor and data-limit rows).",
+        "Gaussian sketch shared by q and k (unbiased, not fitted); Flatten"
+        + (", and LLoPS where it starts from its sketch," if config.fit.data_start and
+           config.fit.start.llops_from == "sketch" else
+           "" if config.fit.data_start else " and LLoPS")
+        + " start as that sketch (temperature 1, φ_K a copy of φ_Q). A stationary point need "
+        "not be a map's best fit (see the floor and data-limit rows). The fits minimise the "
+        "relative squared Frobenius error, not RMAE: of two maps, the one lower in one metric "
+        "can be higher in the other.",
         "BASED-style: learned projections to r dims, then the exact degree-p expansion "
         "(C(r+p−1, p) ≤ m features): ((q W_Q)·(k W_K))^p.",
         "Eckart–Young floor: best rank-m approximation of the held-out A = (Q Kᵀ)^p; the RMAE "
@@ -214,7 +222,8 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"{config.explicit_max_dim}). Data limit, Thm 3.1 W* (train): W* = ψ_p(Q)⁺ U_m Σ_m^½ "
         "built on the training pairs (minimum-norm least squares, via Gram matrices) and "
         "applied to held-out: what the training data pin down of the optimal sketch; the "
-        "column ÷ data limit divides each row's mean by it.",
+        "column ÷ data limit divides each row's mean by it. It is one estimate from the "
+        "training tokens, not a bound: a learned map can end below it (÷ data limit < 1).",
         "Paper columns: the paper's RMAE (SPEC §4) on layers 0 / 8 / 15 of its own softmax "
         "Transformer; its LLoPS is t = 1. Compare trends, not digits.",
     ]
@@ -244,10 +253,21 @@ def run(argv: Sequence[str] | None = None) -> int:
     if ledger.done:
         print(f"resuming: {len(ledger.done)} fits from {ledger.path}", flush=True)
     records = run_study(qk, config, log, ledger)
-    paths = write_report(records, cfg.out, notes(cfg, qk, config))
     print()
     print(markdown_table(records, "rmae"))
     print()
+    # the file again: other processes may have added fits of other parts meanwhile
+    recorded = Ledger(cfg.out, config, source(cfg, qk), repair=False).done
+    outside = set(recorded) - {key(r) for r in records}
+    if outside:
+        layer, head, p, method = sorted(outside)[0]
+        print(f"not writing {cfg.out}'s tables: {ledger.path} holds {len(outside)} fit(s) "
+              f"outside this run's selection (e.g. {method} at layer {layer}, head {head}, "
+              f"p = {p}), so they would show part of the study; a run of its whole selection "
+              "(every layer, p, map and rank recorded) writes them, fitting only what is "
+              "missing")
+        return 0
+    paths = write_report(records, cfg.out, notes(cfg, qk, config))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -66,14 +66,18 @@ def key(record: Record) -> Key:
 class Ledger:
     """Append-only record file for one output folder and one set of settings."""
 
-    def __init__(self, out: str | Path, config: StudyConfig, source: dict[str, Any]) -> None:
+    def __init__(self, out: str | Path, config: StudyConfig, source: dict[str, Any],
+                 repair: bool = True) -> None:
+        """Read the file at ``out`` if there is one; with ``repair`` (a run about to append), a
+        last line cut short by a kill is dropped from the file, else only skipped (a reader
+        while another process may be appending)."""
         self.path = Path(out) / LEDGER_NAME
         self.settings = settings(config, source)
         self.done: dict[Key, Record] = {}
         if self.path.exists():
-            self._load()
+            self._load(repair)
 
-    def _load(self) -> None:
+    def _load(self, repair: bool = True) -> None:
         lines = self.path.read_text().splitlines()
         try:
             head = json.loads(lines[0]) if lines else None
@@ -95,7 +99,8 @@ class Ledger:
                 record = Record(**{k: v for k, v in row.items() if k in fields})
             except (json.JSONDecodeError, TypeError):
                 if number == len(lines):  # a line cut short by a kill: drop it, fit it again
-                    self.path.write_text("".join(f"{x}\n" for x in lines[:-1]))
+                    if repair:
+                        self.path.write_text("".join(f"{x}\n" for x in lines[:-1]))
                     break
                 raise ValueError(f"{self.path}:{number}: not a record; delete the file to start "
                                  "over") from None

@@ -82,12 +82,23 @@ def markdown_table(records: list[Record], metric: str) -> str:
 
 
 def machines_line(records: list[Record]) -> str:
-    """``computed on: <machine> (n rows), …``: where the rows came from (a study resumed on
-    another machine mixes them); "not recorded" for rows from before records named it."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.machine or "not recorded"] = counts.get(r.machine or "not recorded", 0) + 1
-    return "computed on: " + ", ".join(f"{name} ({n} rows)" for name, n in sorted(counts.items()))
+    """Where the maps' cells came from (a study resumed on another machine mixes them; each
+    cell's in table.csv's ``machine``), and where the floor and data-limit cells were computed
+    (every run computes them again); "not recorded" for cells from before records named it."""
+    reference = (FLOOR, EXPLICIT, FITTED_OPTIMAL)
+
+    def counted(rows: list[Record]) -> str:
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.machine or "not recorded"] = counts.get(r.machine or "not recorded", 0) + 1
+        return ", ".join(f"{name} ({n})" for name, n in sorted(counts.items()))
+
+    maps = [r for r in records if r.method not in reference]
+    floors = [r for r in records if r.method in reference]
+    parts = [f"maps (cells of layer × p × map) computed on: {counted(maps)}"] if maps else []
+    if floors:
+        parts.append(f"floor and data-limit cells on: {counted(floors)}")
+    return "; ".join(parts) + " (each cell's machine: table.csv)"
 
 
 def write_markdown(records: list[Record], path: Path, notes: list[str]) -> Path:

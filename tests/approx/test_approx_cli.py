@@ -8,6 +8,7 @@ from hostile import hostile_checkpoint
 from arbench.approx.cli import main
 from arbench.approx.extract import extract_from_teacher
 from arbench.approx.qkset import save_qk
+from arbench.approx.records import EXPLICIT, FITTED_OPTIMAL, FLOOR
 from arbench.machine import device_name
 
 TINY = ["--p", "2", "3", "--m", "8", "--ranks", "1", "2", "--steps", "15", "--lr", "1e-2",
@@ -43,7 +44,10 @@ def test_synthetic_run_writes_every_row(tmp_path, capsys):
     assert (out / "error_vs_rank.png").stat().st_size > 0
     # every row names the machine that computed it, and table.md says where the rows came from
     assert {row["machine"] for row in records} == {device_name("cpu")}
-    assert f"- computed on: {device_name('cpu')} ({len(records)} rows)" in text
+    maps = [r for r in records if r["method"] not in (FLOOR, EXPLICIT, FITTED_OPTIMAL)]
+    assert (f"- maps (cells of layer × p × map) computed on: {device_name('cpu')} ({len(maps)}); "
+            f"floor and data-limit cells on: {device_name('cpu')} ({len(records) - len(maps)}) "
+            "(each cell's machine: table.csv)") in text
     starts = {"2-layer MLP": "adam", "Flatten": "adam", "BASED-style": "svd", "LLoPS t=1": "als"}
     for row in records:
         if row["method"] in starts:  # every fit: its start, steps, stop and gradient norm

@@ -66,7 +66,7 @@ def test_fits_recorded_before_machines_were_named_say_so(tmp_path, capsys):
     assert main([*TINY, "--ranks", "1", "--out", str(out)]) == 0
     text = (out / "table.md").read_text()
     # the four stored fits name no machine; the floors and data limits, recomputed, do
-    assert "not recorded (4 rows)" in text and "computed on: " in text
+    assert "computed on: not recorded (4); floor and data-limit cells on: " in text
 
 
 def test_processes_on_separate_layers_and_degrees_fill_one_folder(tmp_path, capsys):
@@ -81,9 +81,15 @@ def test_processes_on_separate_layers_and_degrees_fill_one_folder(tmp_path, caps
     args = [*args[:args.index("--p")], *args[args.index("--p") + 2:], "--qk", str(saved),
             "--ranks", "1"]
     assert main([*args, "--layers", "1", "--p", "2", "--out", str(parts)]) == 0
+    assert (parts / "table.md").exists()  # the file's every fit so far: its tables
+    for table in ("table.md", "table.csv", "error_vs_rank.png"):
+        (parts / table).unlink()
+    capsys.readouterr()
     assert main([*args, "--layers", "0", "--p", "2", "3", "--out", str(parts)]) == 0
     assert main([*args, "--layers", "1", "--p", "3", "--out", str(parts)]) == 0
-    capsys.readouterr()
+    # a part beside others' fits writes no table of itself that would pass for the study's
+    assert capsys.readouterr().out.count("outside this run's selection") == 2
+    assert not list(parts.glob("table.*")) and not (parts / "error_vs_rank.png").exists()
     assert main([*args, "--layers", "0", "1", "--p", "2", "3", "--out", str(parts)]) == 0
     assert capsys.readouterr().out.count("steps (") == 0  # every fit came from the parts
     whole = tmp_path / "whole"
