@@ -24,7 +24,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from arbench.curves import is_converged
+from arbench.curves import STOP_THRESHOLD, is_converged
 from arbench.objective import EXAMPLE_ACC
 from sweeps.paper import paper_value
 from sweeps.report.labels import variant
@@ -56,13 +56,18 @@ def mqar_slices(names: Iterable[str]) -> bool:
 
 def run_converged(t: Any, metric: str) -> bool | None:
     """A run's convergence verdict on the study's objective: False for a run that diverged
-    (cut short); :func:`arbench.curves.is_converged` of its curve in ``metric`` for a completed
-    run that has one (the run's own ``converged`` is val/acc's, also where a study judges by
-    zoology's metric); else the verdict it recorded (None: unknown, e.g. a pruned run)."""
+    (cut short); for a completed run with a curve in ``metric``, :func:`arbench.curves.
+    is_converged` of it, or True where its val/acc reached the early-stopping threshold (the
+    profiles stop on val/acc, also where a study judges by zoology's metric, and a run stopped
+    there has no last quarter to plateau in); else the verdict it recorded (the run's own
+    ``converged`` is val/acc's; None: unknown, e.g. a pruned run)."""
     if t.user_attrs.get("diverged"):
         return False
     curve = objective_curve(t, metric) if t.state == TrialState.COMPLETE else []
-    return is_converged(curve) if curve else t.user_attrs.get("converged")
+    if not curve:
+        return t.user_attrs.get("converged")
+    acc = t.user_attrs.get("val_curve") or []  # a completed run's: val/acc's
+    return is_converged(curve) or any(v >= STOP_THRESHOLD for _, v in acc)
 
 
 def run_slices(t: Any, metric: str) -> dict[str, float]:

@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 
 from arbench.objective import EXAMPLE_ACC
 from arbench.tables import write_csv
+from sweeps.report.rows import run_converged
 from sweeps.spec import SweepSpec
 from sweeps.trials import LR, SEED, VARYING, Trials, run_value
 
@@ -18,7 +19,8 @@ RUN_FIELDS = ("trial", "state", "lr", "seed", "val_acc", "last_val_acc", "steps"
 
 def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per trial of the study: its grid values, lr, seed, best and last val/acc,
-    steps, the convergence and collapse verdicts, wall time, the device it trained on and
+    steps, the convergence verdict on the study's objective (:func:`~sweeps.report.rows.
+    run_converged`, the table's) and the collapse verdict, wall time, the device it trained on and
     state (fail reason). A pruned run recorded before its ``summary.json`` values were kept
     (:func:`sweeps.worker.record_pruned`) gets its best and last intermediate value, the
     objective, in the objective's own columns (``val_acc`` or ``example_acc``), never in the
@@ -38,7 +40,7 @@ def run_rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
                     **{k: t.params.get(k) for k in keys},
                     "lr": t.params.get(LR), "seed": t.params.get(SEED),
                     "val_acc": ua.get("val_acc"), "last_val_acc": ua.get("last_val_acc"),
-                    "steps": ua.get("global_step"), "converged": ua.get("converged"),
+                    "steps": ua.get("global_step"), "converged": run_converged(t, spec.metric),
                     "collapsed_at": ua.get("collapsed_at"), "diverged": ua.get("diverged"),
                     "wall_time_s": ua.get("wall_time_s"),
                     "device": ua.get("device"), "fail_reason": ua.get("fail_reason"),

@@ -138,3 +138,17 @@ def test_the_not_converged_flag_counts_the_runs_with_a_verdict():
     (row,) = rows(SPEC, [trial(1e-3, s, 0.9, attrs={"converged": False}) for s in (0, 1)]
                   + [pruned])
     assert row["n"] == 3 and "2 of 2 not converged" in flags(row)
+
+
+def test_a_run_the_profile_stopped_on_val_acc_has_converged_in_zoologys_metric_too():
+    """The profiles stop at val/acc 0.99: a run stopped there has no last quarter in which
+    zoology's metric could settle, and is converged in a study judged by it, as in runs.csv."""
+    spec = SimpleNamespace(study="s", direction="maximize", metric="val/example_acc")
+    stopped = {"converged": True, "val_curve": [[250, 0.90], [500, 0.992]],
+               "example_curve": [[250, 0.70], [500, 0.925]]}
+    rising = {**stopped, "val_curve": [[250, 0.90], [500, 0.95]], "converged": False}
+    (row,) = rows(spec, [trial(1e-3, 0, 0.925, attrs=stopped), trial(1e-3, 1, 0.9, attrs=rising)])
+    assert row["not_converged"] == 1 and "1 of 2 not converged" in flags(row)
+    assert [r["converged"] for r in run_rows(spec, [trial(1e-3, 0, 0.925, attrs=stopped),
+                                                    trial(1e-3, 1, 0.9, attrs=rising)])] == \
+        [True, False]
