@@ -43,11 +43,20 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 class LatestCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that also saves ``last.ckpt`` (with ``save_last``) at every
-    validation whose step has not been saved yet."""
+    validation whose step has not been saved yet: at the validation, or, where Lightning saves
+    at each epoch's end (validation once per epoch), there."""
+
+    def _save_last_if_new(self, trainer: L.Trainer) -> None:
+        if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
+                and self._last_global_step_saved != trainer.global_step):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
-                and not self._should_save_on_train_epoch_end(trainer)
-                and self._last_global_step_saved != trainer.global_step):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_new(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_new(trainer)

@@ -13,3 +13,17 @@ def test_last_checkpoint_is_the_run_s_end_when_val_acc_stalls(in_tmp):
     ckpts = in_tmp / "runs/p4/checkpoints"
     assert [p.name for p in ckpts.glob("best-*.ckpt")] == ["best-step=10.ckpt"]
     assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == 20
+
+
+def test_last_checkpoint_follows_validations_once_per_epoch_too(in_tmp):
+    # validation at each epoch's end (the paper profile's; Lightning then saves checkpoints
+    # at the epoch's end, not at the validation): 16 examples of batch 4, 3 epochs of 4 steps
+    run(["fit", "--config", config("p4.yaml"), *SMOKE, "--model.lr", "1e-12",
+         "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "-1",
+         "--trainer.max_epochs", "3", "--trainer.val_check_interval", "1.0",
+         "--trainer.check_val_every_n_epoch", "1",
+         "--data.train_segments", "[{seq_len: 32, num_kv_pairs: 4, num_examples: 16}]",
+         "--data.batch_size", "4"])
+    ckpts = in_tmp / "runs/p4/checkpoints"
+    assert [p.name for p in ckpts.glob("best-*.ckpt")] == ["best-step=4.ckpt"]
+    assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == 12

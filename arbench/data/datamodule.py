@@ -50,21 +50,27 @@ class ShardSampler(Sampler[int]):
     ``done``, read each time an epoch's iteration starts, says how many of this rank's items the
     epoch has already had (a run resumed mid-epoch: the loop's restored batch count); they are
     skipped, so the epoch goes on where the interrupted one stopped, as one not interrupted
-    would. ``len`` stays the whole epoch's.
+    would. ``len`` stays the whole epoch's. ``epoch``, read there too, gives the epoch whose
+    order to take (the fit loop's; else the one ``set_epoch`` set): a resumed run's loader
+    starts before Lightning sets the sampler's epoch, which would give a run resumed in a later
+    epoch the first epoch's order.
     """
 
     def __init__(self, length: int, rank: int, world: int, shuffle: bool, seed: int,
-                 pad: bool, done: Callable[[], int] | None = None):
+                 pad: bool, done: Callable[[], int] | None = None,
+                 epoch: Callable[[], int | None] | None = None):
         self.length, self.rank, self.world = length, rank, world
         self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
-        self.done = done
+        self.done, self.current_epoch = done, epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def _order(self) -> list[int]:
         if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            known = self.current_epoch() if self.current_epoch is not None else None
+            gen = torch.Generator().manual_seed(self.seed + (self.epoch if known is None
+                                                             else known))
             order = torch.randperm(self.length, generator=gen).tolist()
         else:
             order = list(range(self.length))
@@ -200,11 +206,19 @@ class MQARDataModule(L.LightningDataModule):
         loop = getattr(trainer, "fit_loop", None)
         return int(loop.epoch_loop.batch_progress.current.ready) if loop is not None else 0
 
+    def _epoch(self) -> int | None:
+        """The fit loop's epoch (the one Lightning gives the sampler at each epoch's start, and
+        a resumed run's restored one), None without a trainer."""
+        trainer = getattr(self, "trainer", None)
+        loop = getattr(trainer, "fit_loop", None)
+        return int(loop.epoch_progress.current.processed) if loop is not None else None
+
     def _loader(self, ds: SegmentBatches, train: bool) -> DataLoader:
         rank, world = self._world()
         sampler = ShardSampler(len(ds), rank, world, shuffle=train and self.shuffle,
                                seed=self.seed, pad=train,
-                               done=self._epoch_batches_done if train else None)
+                               done=self._epoch_batches_done if train else None,
+                               epoch=self._epoch if train else None)
         # its own generator: each iterator a loader starts draws a seed from it, which would
         # otherwise come from torch's global one and shift the dropout masks of a resumed run
         # (its loaders start at other points than the uninterrupted run's)

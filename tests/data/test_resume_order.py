@@ -36,6 +36,15 @@ class KillAt12(L.Callback):
             raise RuntimeError("killed")
 
 
+class KillAt22(L.Callback):
+    """Stops the run with an error before step 22, in its second epoch (last checkpoint:
+    step 20's, 4 batches into that epoch)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 22:
+            raise RuntimeError("killed")
+
+
 def fit(*extra):
     # 64 training examples of the smoke profile, batch 4: one epoch is 16 steps, so step 12 is
     # mid-epoch and the run goes on into the next epoch
@@ -59,6 +68,25 @@ def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_one_does(in_t
     fit("--trainer.logger.init_args.name", "cut", "--ckpt_path", "last")
     resumed = dict(SEEN)
     assert sorted(resumed) == list(range(10, 20))
+    assert all(resumed[step] == whole[step] for step in resumed)
+
+
+def test_a_run_resumed_in_a_later_epoch_goes_on_in_that_epochs_order(in_tmp):
+    """The second epoch is shuffled in its own order: a run killed there resumes in it, not
+    in the first epoch's (which Lightning's sampler epoch, set after the resumed loader
+    started, would give)."""
+    longer = ("--trainer.max_steps", "26")
+    SEEN.clear()
+    fit("--trainer.logger.init_args.name", "whole", *longer)
+    whole = dict(SEEN)
+    assert [whole[s] for s in range(16, 26)] != [whole[s] for s in range(0, 10)]
+    with pytest.raises(RuntimeError, match="killed"):
+        fit("--trainer.logger.init_args.name", "cut", *longer,
+            "--trainer.callbacks+=test_resume_order.KillAt22")
+    SEEN.clear()
+    fit("--trainer.logger.init_args.name", "cut", "--ckpt_path", "last", *longer)
+    resumed = dict(SEEN)
+    assert sorted(resumed) == list(range(20, 26))
     assert all(resumed[step] == whole[step] for step in resumed)
 
 
