@@ -104,13 +104,25 @@ def variant_name(hp: dict[str, Any]) -> str:
     return variant(hp).strip() or "baseline"
 
 
+def mixers_cycle(layers: str, pattern: str) -> bool:
+    """Whether the comma-joined per-layer mixers ``layers`` (a run's ``mixers`` hparam) are
+    ``pattern`` repeated: a model cycles its ``mixers`` list over its layers, so a 4-layer
+    ``conv,delta,conv,delta`` is the ``conv,delta`` model a 2-layer profile records as such."""
+    have, cycle = layers.split(","), pattern.split(",")
+    return len(have) % len(cycle) == 0 and have == cycle * (len(have) // len(cycle))
+
+
 def hparams_match(hp: dict[str, Any], key: str, want: Any) -> bool:
     """``hp[key] == want`` (or ``in want`` for a list); ``"m*rank"`` multiplies hparams;
     ``"variant"`` is the row's diagnosis switches as its label names them
-    (:func:`variant_name`)."""
+    (:func:`variant_name`); ``"mixers"`` matches a run whose layers repeat the wanted mixers
+    (:func:`mixers_cycle`)."""
     if key == "variant":
         name = variant_name(hp)
         return name in want if isinstance(want, list) else name == want
+    if key == "mixers" and isinstance(hp.get("mixers"), str):
+        wants = want if isinstance(want, list) else [want]
+        return any(isinstance(w, str) and mixers_cycle(hp["mixers"], w) for w in wants)
     hp = with_training_defaults(hp)
     names = key.split("*")
     if any(hp.get(n) is None for n in names):

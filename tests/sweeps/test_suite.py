@@ -327,3 +327,16 @@ def test_reuse_finds_the_runs_the_specs_name():
     new = experiments(load_spec(ROOT / "sweeps" / "suite_overwrite.yaml"), lr=3e-3)
     assert sorted((Path(p["config"]).stem, p["model.mixers"][1]) for e, p in new.items()
                   if e in old) == [("based", "linear")]
+
+
+def test_a_claims_mixers_match_a_deeper_model_that_cycles_them():
+    """The selective-copying profile trains 4 layers: its runs record ``conv,delta,conv,delta``,
+    which the suite's claims, written for 2 layers, name ``conv,delta``."""
+    from sweeps.report.labels import matches_all
+
+    deep = {"feature_map": "Based", "mixers": "conv,delta,conv,delta", "n_layers": 4}
+    assert matches_all(deep, {"feature_map": "Based", "mixers": "conv,delta"})
+    assert matches_all(deep, {"mixers": ["conv,linear", "conv,delta"]})
+    assert not matches_all(deep, {"mixers": "conv,linear"})
+    assert not matches_all(deep, {"mixers": "conv,delta,conv"})
+    assert not matches_all({"mixers": "conv,delta,conv,linear"}, {"mixers": "conv,delta"})
