@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 from optuna.storages import RDBStorage
 
-from sweeps.spec import SweepSpec, make_pruner
+from sweeps.spec import SpecError, SweepSpec, make_pruner
 
 
 def make_sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
@@ -25,14 +25,37 @@ def study_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     return pruner
 
 
+def _sized(size: str | None) -> str:
+    return f", size {size}" if size else ""
+
+
+def check_same_profile(study: optuna.Study, spec: SweepSpec) -> None:
+    """A study keeps the profile and size its runs trained at: a point is one grid value set,
+    whatever the profile, so a run at another (``--profile smoke``) would take the place of the
+    study's own run of that point. Stops with one line (another ``--storage`` or study name);
+    a study recorded before sizes were kept has the spec's default size."""
+    if not study.get_trials(deepcopy=False):
+        return
+    attrs = study.user_attrs
+    ran = (attrs.get("profile", spec.profile), attrs["size"] if "size" in attrs else spec.size)
+    if ran != (spec.profile, spec.size):
+        raise SpecError(f"study {spec.study} ran at profile {ran[0]}{_sized(ran[1])}, this run "
+                        f"asks for profile {spec.profile}{_sized(spec.size)}: give it another "
+                        "--storage (e.g. a smoke run: sqlite:///runs/smoke.db), or the spec "
+                        "another study name")
+
+
 def make_study(spec: SweepSpec, storage: RDBStorage) -> optuna.Study:
-    """Create (or open) the spec's study with its sampler and pruner."""
+    """Create (or open) the spec's study with its sampler and pruner; a study with runs at
+    another profile or size stops (:func:`check_same_profile`)."""
     study = optuna.create_study(study_name=spec.study, storage=storage,
                                 sampler=make_sampler(spec),
                                 pruner=study_pruner(spec), direction=spec.direction,
                                 load_if_exists=True)
+    check_same_profile(study, spec)
     study.set_user_attr("spec", str(spec.path))
     study.set_user_attr("profile", spec.profile)
+    study.set_user_attr("size", spec.size)
     study.set_user_attr("metric", spec.metric)  # what a study reusing its runs needs to know
     return study
 

@@ -3,6 +3,7 @@ checked before any trial, ``report`` of a study that never ran writes nothing, t
 lock never shows beside the user's studies, ``--help`` reads well."""
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 from test_sweeps import GRID4, sweep, write_spec
 
@@ -133,3 +134,33 @@ def test_widen_applies_to_the_specs_with_an_lr_sub_grid(tmp_path):
     widened = optuna.load_study(study_name="two_lrs", storage=url).get_trials()
     assert len(widened) == 3  # the edge best lr got one more beyond it
     assert len(optuna.load_study(study_name="one_lr", storage=url).get_trials()) == 1
+
+
+def test_a_study_keeps_the_profile_and_size_its_runs_trained_at(tmp_path):
+    """A smoke run of a spec against the storage of its real study would take the places of
+    the study's points (a point is its grid values, whatever the profile): it stops in one
+    line, and a study with no runs yet takes any profile."""
+    from optuna.trial import create_trial
+
+    from sweeps.params import point_distributions
+    from sweeps.spec import SpecError, load_spec
+    from sweeps.study import make_study
+
+    path = write_spec(tmp_path, "kept", {"seed_everything": [0]})
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    empty = make_study(load_spec(path, profile="cpu"), url)  # no runs: anything goes
+    assert empty.user_attrs["profile"] == "cpu"
+    spec = load_spec(path)  # smoke, size tiny
+    study = make_study(spec, url)
+    point = spec.points()[0]
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, params=point,
+                                 distributions=point_distributions(point, spec, {}),
+                                 system_attrs={"fixed_params": point}))
+    make_study(load_spec(path), url)  # the same again
+    with pytest.raises(SpecError, match="study kept ran at profile smoke, size tiny, this run "
+                                        "asks for profile cpu, size tiny"):
+        make_study(load_spec(path, profile="cpu"), url)
+    done = sweep("run", str(path), "--size", "teacher", "--storage", url, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "asks for profile smoke, size teacher: give it another --storage" in \
+        one_error_line(done.stderr)
