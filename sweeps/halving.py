@@ -12,8 +12,12 @@ those values; :func:`replay` says whether it is the full grid's best lr and how 
 steps halving would have spent. :func:`order_checks` replays it under every order of the lrs
 within a bracket, since a live sweep's order changes with retries and parallel workers.
 
-Defaults: ``reduction_factor=3`` (one lr in three survives each rung) and ``min_resource`` half
-the longest run's steps (1500 at the ``cpu`` profile's 3000: one rung). A study whose pruner
+Defaults: ``reduction_factor=3`` and ``min_resource`` half the longest run's steps (1500 at the
+``cpu`` profile's 3000: one rung). Optuna decides each run as it reaches the rung, against the
+bracket's runs that reached it before: the first is always kept, a later one is stopped unless
+it is in the top third of the values so far. So which lrs survive depends on the order the
+runs arrive in (a bracket of three keeps one to three of them; its best at the rung is always
+kept), in a live sweep as in this replay. A study whose pruner
 ran live has no whole curves to replay, and a point of one lr nothing to halve: the report
 writes ``halving.md`` only for a study run without a pruner, and only over its points of two
 or more lrs.

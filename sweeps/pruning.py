@@ -10,7 +10,8 @@ import math
 from collections.abc import Sequence
 
 import optuna
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from sweeps.trials import LR, point_key
@@ -63,6 +64,16 @@ class BracketPruner(optuna.pruners.BasePruner):
         if self.widened(trial):
             return False
         return self.base.prune(_BracketView(study, bracket_key(trial.params)), trial)
+
+
+def before_checkpoints(callbacks: list[Callback], callback: Callback) -> None:
+    """Insert ``callback`` before the first checkpoint callback of ``callbacks`` (in place; at
+    the end when there is none). For the pruning callback: a validation's value reaches the
+    study before that step's ``last.ckpt`` exists, so a run killed in between and resumed from
+    the checkpoint (where Lightning does not validate again) cannot pass a rung unjudged."""
+    at = next((i for i, c in enumerate(callbacks) if isinstance(c, ModelCheckpoint)),
+              len(callbacks))
+    callbacks.insert(at, callback)
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):

@@ -159,9 +159,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, spec: SweepSpec, storage
         trainer = cli.trainer
         checkpoints_by_run_name(trainer)
         if spec.pruner != "none":
-            from sweeps.pruning import StepPruningCallback  # here: Lightning, as above
+            from sweeps.pruning import StepPruningCallback, before_checkpoints  # here: Lightning
 
-            trainer.callbacks.append(StepPruningCallback(trial, monitor=spec.metric))
+            before_checkpoints(trainer.callbacks, StepPruningCallback(trial, monitor=spec.metric))
             if ckpt:  # the rungs the run passed before it stopped, judged again
                 replay_curve(trial, resumed_step)
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)

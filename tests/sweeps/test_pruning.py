@@ -52,3 +52,22 @@ def test_a_widened_lr_runs_its_whole_budget():
         study.tell(grid_run, 0.9)
     assert not running(study, 2, 9e-5, 0, [0.1]).should_prune()
     assert running(study, 2, 3e-3, 0, [0.1]).should_prune()
+
+
+def test_the_pruning_callback_judges_a_step_before_its_checkpoint_is_written(tmp_path):
+    """A worker's pruning callback goes before the checkpoint callbacks the CLI built, so a
+    run killed after a validation's checkpoint has already reported that validation."""
+    from lightning.pytorch import Callback
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from paths import SMOKE, config
+
+    from arbench.cli import build_cli
+    from sweeps.pruning import before_checkpoints
+
+    cli = build_cli(["--config", config("p4.yaml"), *SMOKE, "--trainer.default_root_dir",
+                     str(tmp_path)], run=False)
+    judge = Callback()
+    before_checkpoints(cli.trainer.callbacks, judge)
+    order = cli.trainer.callbacks
+    first = min(i for i, c in enumerate(order) if isinstance(c, ModelCheckpoint))
+    assert order.index(judge) == first - 1
