@@ -206,10 +206,10 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"{config.fit.batch}×{config.fit.batch} pairs a step, seed {config.fit.seed}, estimate "
         f"rescaled at init to {config.fit.init_ratio}×‖A‖. PolySketchFormer is a fixed "
         "Gaussian sketch shared by q and k (unbiased, not fitted); Flatten"
-        + (", and LLoPS where it starts from its sketch," if config.fit.data_start and
+        + (", and LLoPS where it starts from its sketch, start" if config.fit.data_start and
            config.fit.start.llops_from == "sketch" else
-           "" if config.fit.data_start else " and LLoPS")
-        + " start as that sketch (temperature 1, φ_K a copy of φ_Q). A stationary point need "
+           " starts" if config.fit.data_start else " and LLoPS start")
+        + " as that sketch (temperature 1, φ_K a copy of φ_Q). A stationary point need "
         "not be a map's best fit (see the floor and data-limit rows). The fits minimise the "
         "relative squared Frobenius error, not RMAE: of two maps, the one lower in one metric "
         "can be higher in the other.",
