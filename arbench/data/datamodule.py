@@ -198,19 +198,21 @@ class MQARDataModule(L.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
+    def _fit_loop(self):  # noqa: ANN202 (Lightning's _FitLoop, private)
+        """The trainer's fit loop, None without a trainer."""
+        return getattr(getattr(self, "trainer", None), "fit_loop", None)
+
     def _epoch_batches_done(self) -> int:
         """Training batches the current epoch has had: those of a run resumed mid-epoch (the fit
         loop's restored count, read when the epoch's iteration starts, after the loop has reset
         it for a new epoch), 0 otherwise."""
-        trainer = getattr(self, "trainer", None)
-        loop = getattr(trainer, "fit_loop", None)
+        loop = self._fit_loop()
         return int(loop.epoch_loop.batch_progress.current.ready) if loop is not None else 0
 
     def _epoch(self) -> int | None:
         """The fit loop's epoch (the one Lightning gives the sampler at each epoch's start, and
         a resumed run's restored one), None without a trainer."""
-        trainer = getattr(self, "trainer", None)
-        loop = getattr(trainer, "fit_loop", None)
+        loop = self._fit_loop()
         return int(loop.epoch_progress.current.processed) if loop is not None else None
 
     def _loader(self, ds: SegmentBatches, train: bool) -> DataLoader:
