@@ -460,8 +460,10 @@ class Performer(FeatureMap):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x * self.head_dim ** -0.25
-        scale = torch.exp(-0.5 * (x * x).sum(dim=-1, keepdim=True)) / math.sqrt(self.m)
-        return scale * torch.exp(x @ self.random_features.to(x.dtype).T)
+        # one exponential: exp(−|x'|²/2) underflows to 0 and exp(x'Wᵀ) overflows to inf for
+        # large x, and their product would be NaN where the feature is a finite number
+        logits = x @ self.random_features.to(x.dtype).T - 0.5 * (x * x).sum(dim=-1, keepdim=True)
+        return torch.exp(logits) / math.sqrt(self.m)
 
     def flops_per_token(self) -> float:
         """Scaling ``d``, the norm ``2·d``, the projection ``2·d·m``, the exponential and

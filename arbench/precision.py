@@ -67,17 +67,20 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def kernel_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """The dtype a kernel computes in: for CPU tensors :data:`CPU_AUTOCAST_DTYPE` under CPU
-    autocast (what its ``custom_fwd`` casts to), for CUDA tensors autocast's dtype under CUDA
-    autocast; else the promoted dtype of ``tensors``."""
+    """The dtype a kernel computes in: the promoted dtype of ``tensors``, except under
+    autocast on their device, where float32 and lower become autocast's dtype (for CPU
+    tensors :data:`CPU_AUTOCAST_DTYPE`, what the kernels' ``custom_fwd`` casts to). float64
+    stays float64 under autocast too, as autocast and ``custom_fwd`` leave it."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    if dtype == torch.float64:
+        return dtype
     if tensors[0].device.type == "cuda":
         if torch.is_autocast_enabled("cuda"):
             return torch.get_autocast_dtype("cuda")
     elif torch.is_autocast_enabled("cpu"):
         return CPU_AUTOCAST_DTYPE
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
     return dtype
 
 

@@ -63,6 +63,20 @@ def test_performer_as_zoology_has_nearly_constant_features():
     assert Performer(d, m=m).hparams() == {"feature_map": "Performer", "m": m, "unbiased": False}
 
 
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_performer_stays_finite_for_large_inputs(unbiased: bool):
+    """exp(−|x'|²/2) underflows and exp(x'Wᵀ) overflows at |x| ~ 10²; as one exponential the
+    features are finite (their float64 value, rounded), never 0 · inf = NaN."""
+    d, m = 16, 64
+    fm = Performer(d, m=m, seed=0, unbiased=unbiased)
+    x = torch.randn(32, d, generator=torch.Generator().manual_seed(0))
+    x = 800.0 * x / x.norm(dim=-1, keepdim=True)
+    phi = fm(x)
+    assert torch.isfinite(phi).all()
+    exact = fm.double()(x.double())
+    torch.testing.assert_close(phi.double(), exact, rtol=1e-3, atol=1e-30)
+
+
 @pytest.mark.parametrize("name,feature_map", [("relu", "ReLU"), ("square", "Square"),
                                                ("cosformer", "CosFormer"),
                                                ("performer", "Performer")])

@@ -127,6 +127,28 @@ def test_float64_is_computed_in_float64(mode):
     assert (got - want).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("make", [partial(LLoPS, 8, p=2, m=8), partial(Flatten, 8, p=2)])
+def test_float64_stays_float64_under_autocast(make):
+    """Autocast leaves float64 alone; so do the kernels (attention and the blocked CP map)."""
+    gen = torch.Generator().manual_seed(0)
+    f, g = (torch.rand(1, 1, 40, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 1, 40, 3, generator=gen, dtype=torch.float64)
+    want = torch.einsum("bhim,bhjm->bhij", f, g).tril() @ v
+    fm = make().double()
+    x = torch.randn(3, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    plain = fm(x)
+    with torch.autocast("cpu", dtype=BF16):
+        got = linear_attention(f, g, v, mode="chunked", chunk_size=8, normalize=False)
+        phi = fm(x)
+    assert got.dtype == torch.float64 and (got - want).abs().max() < 1e-12
+    assert phi.dtype == torch.float64 and (phi - plain).abs().max() < 1e-12
+    assert precision.kernel_dtype(torch.ones(1)) == torch.float32
+    with torch.autocast("cpu", dtype=BF16):
+        assert precision.kernel_dtype(torch.ones(1)) == BF16
+        assert precision.kernel_dtype(torch.ones(1), torch.ones(1, dtype=torch.float64)) \
+            == torch.float64
+
+
 def test_bf16_warning_only_without_native_support(monkeypatch):
     monkeypatch.setattr(precision, "native_bf16", lambda device="cpu": False)
     msg = precision.bf16_warning("bf16-mixed", "cpu")

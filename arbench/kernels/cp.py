@@ -10,7 +10,8 @@ The rows of ``x`` go through in blocks (:func:`cp_block_rows`; 512 rows by defau
 in bf16): a block's
 projections ``(rows, k)`` are multiplied out while they are still in cache, and the backward is
 hand-written (:class:`BlockedMap`): the products' gradients without a stack of p tensors, ``∂x``
-written per block, ``∂w`` summed over blocks in :func:`~arbench.precision.accumulator_dtype`.
+written per block, ``∂w`` summed over blocks in :func:`~arbench.precision.accumulator_dtype`
+(under autocast then rounded to the bf16 weights' dtype, see :class:`BlockedMap`).
 """
 
 from __future__ import annotations
@@ -204,7 +205,10 @@ class BlockedMap(torch.autograd.Function):
 
     Saves the input, the weights and the projections (as autograd would) and computes, block by
     block, the projections' gradient (``kind.grad_into``), then ``∂x`` (a matmul into the
-    block's rows) and ``∂w`` (summed over blocks in an fp32 accumulator, returned in fp32).
+    block's rows) and ``∂w`` (summed over blocks in an fp32 accumulator). Under autocast the
+    weights enter already cast to bf16 (:func:`blocked_map`), so autograd rounds that fp32 ``∂w``
+    to bf16 on its way back through the cast, as it rounds the weight gradient of autocast's own
+    matmuls: the accumulation over blocks is exact to fp32, the parameter's gradient bf16.
 
     Autocast: inputs are cast to bf16 and the whole map runs in bf16 (projections and the product
     over p). On random inputs (tests/test_precision.py) the product of p bf16 factors is within
