@@ -15,7 +15,7 @@ from arbench.approx.fit import FitConfig
 from arbench.approx.ledger import Ledger, key
 from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
-from arbench.approx.report import markdown_table, write_report
+from arbench.approx.report import markdown_table, remove_report, write_report
 from arbench.approx.starts import LLOPS_STARTS, StartConfig
 from arbench.approx.study import (
     METHOD_KEYS,
@@ -266,6 +266,10 @@ def run(argv: Sequence[str] | None = None) -> int:
               f"p = {p}), so they would show part of the study; a run of its whole selection "
               "(every layer, p, map and rank recorded) writes them, fitting only what is "
               "missing")
+        stale = remove_report(cfg.out)
+        if stale:
+            print("removed " + ", ".join(str(p) for p in stale) + ": written before the file "
+                  "held these fits, they no longer show all of it")
         return 0
     paths = write_report(records, cfg.out, notes(cfg, qk, config))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

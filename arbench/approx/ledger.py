@@ -9,15 +9,20 @@ settings reuses every record already there and fits only the rest; fits are seed
 tables match an uninterrupted run. Runs that differ only in ``--ranks``, ``--methods``, ``--p``
 or (teacher, saved extraction) ``--layers``/``--heads`` share records: a rank or a degree can be
 added to a finished study without refitting the others, and processes given disjoint layers or
-degrees can fill one folder side by side (each line is appended in one write; the settings line
-is written once, by whichever comes first).
+degrees can fill one folder side by side: every append and every repair holds an exclusive
+lock (``fcntl.flock`` on ``.records.jsonl.lock`` beside it), checks the settings line (written
+once, by whichever comes first) against its own, and first cuts off a line a killed process left
+unfinished, so no record is ever glued to another's remains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,51 @@ def key(record: Record) -> Key:
     return record.layer, record.head, record.p, record.method
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.<name>.lock`` beside ``path`` (released on exit, and
+    by the kernel if the process dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def cut_unfinished(path: Path) -> bool:
+    """Truncate ``path`` after its last newline (a line a killed writer left unfinished);
+    True when something was cut. Call under :func:`locked`."""
+    with path.open("rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return False
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return False
+        data_end = size - 1
+        step = 1 << 16
+        while data_end > 0:  # find the last newline, reading backwards
+            start = max(0, data_end - step)
+            fh.seek(start)
+            chunk = fh.read(data_end - start)
+            at = chunk.rfind(b"\n")
+            if at >= 0:
+                fh.truncate(start + at + 1)
+                return True
+            data_end = start
+        fh.truncate(0)
+        return True
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte of ``data`` is written (it may write fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class Ledger:
     """Append-only record file for one output folder and one set of settings."""
 
@@ -75,12 +125,17 @@ class Ledger:
         self.settings = settings(config, source)
         self.done: dict[Key, Record] = {}
         if self.path.exists():
-            self._load(repair)
+            if repair:
+                with locked(self.path):
+                    cut_unfinished(self.path)
+                    self._load()
+            else:
+                self._load()
 
-    def _load(self, repair: bool = True) -> None:
-        lines = self.path.read_text().splitlines()
+    def _check_head(self, first: str | None) -> None:
+        """Raise unless ``first`` (the file's first line) is this ledger's settings line."""
         try:
-            head = json.loads(lines[0]) if lines else None
+            head = json.loads(first) if first else None
         except json.JSONDecodeError:
             head = None
         if head != {"settings": self.settings}:
@@ -92,16 +147,19 @@ class Ledger:
                 "fits made with other settings (or is not a records file)"
             raise ValueError(f"{self.path} holds {why}; give another --out, or delete it to "
                              "start over")
+
+    def _load(self) -> None:
+        text = self.path.read_text()
+        lines = text.splitlines()
+        self._check_head(lines[0] if lines else None)
         fields = {f.name for f in dataclasses.fields(Record)}
         for number, line in enumerate(lines[1:], start=2):
             try:
                 row = json.loads(line)
                 record = Record(**{k: v for k, v in row.items() if k in fields})
             except (json.JSONDecodeError, TypeError):
-                if number == len(lines):  # a line cut short by a kill: drop it, fit it again
-                    if repair:
-                        self.path.write_text("".join(f"{x}\n" for x in lines[:-1]))
-                    break
+                if number == len(lines) and not text.endswith("\n"):
+                    break  # being written, or cut short by a kill (a repair or append cuts it)
                 raise ValueError(f"{self.path}:{number}: not a record; delete the file to start "
                                  "over") from None
             self.done[key(record)] = record
@@ -111,21 +169,24 @@ class Ledger:
         return self.done.get(k)
 
     def add(self, record: Record) -> None:
-        """Store ``record``: one line, appended in one write (another process may append to
-        the same file); the settings line first when the file is new."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():  # appears whole, settings line and all, or not at all
-            fresh = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            fresh.write_text(json.dumps({"settings": self.settings}) + "\n")
+        """Store ``record`` as one appended line, under :func:`locked` (another process may
+        append to the same file): the settings line first when the file is new, else a check
+        that the file's settings are still this ledger's (raises ``ValueError`` if not, e.g. the
+        file was deleted and begun again with other settings), and a line a killed writer left
+        unfinished cut off first."""
+        line = (json.dumps(dataclasses.asdict(record)) + "\n").encode()
+        with locked(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.link(fresh, self.path)
-            except FileExistsError:  # another process created it first
-                pass
+                with os.fdopen(os.dup(fd), "rb") as fh:
+                    first = fh.readline()
+                if first.endswith(b"\n"):
+                    self._check_head(first.decode(errors="replace").rstrip("\n"))
+                    cut_unfinished(self.path)
+                else:  # new, or its settings line cut short by a kill
+                    os.ftruncate(fd, 0)
+                    write_all(fd, (json.dumps({"settings": self.settings}) + "\n").encode())
+                write_all(fd, line)
             finally:
-                fresh.unlink()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, (json.dumps(dataclasses.asdict(record)) + "\n").encode())
-        finally:
-            os.close(fd)
+                os.close(fd)
         self.done[key(record)] = record

@@ -165,6 +165,19 @@ def plot_error_vs_rank(records: list[Record], path: Path) -> Path:
     return path
 
 
+REPORT_FILES = ("table.md", "table.csv", "error_vs_rank.png")
+"""What :func:`write_report` writes into the output folder."""
+
+
+def remove_report(out_dir: str | Path) -> list[Path]:
+    """Delete ``out_dir``'s :data:`REPORT_FILES` (tables no longer of all its records); returns
+    those that were there."""
+    gone = [Path(out_dir) / name for name in REPORT_FILES if (Path(out_dir) / name).exists()]
+    for path in gone:
+        path.unlink()
+    return gone
+
+
 def write_report(records: list[Record], out_dir: str | Path,
                  notes: list[str] | None = None) -> dict[str, Path]:
     """Write ``table.md``, ``table.csv`` and ``error_vs_rank.png`` into ``out_dir``."""
