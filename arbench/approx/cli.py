@@ -166,6 +166,9 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
         f"m = {config.m} features; LLoPS CP ranks t = {list(config.ranks)}; p = {list(config.ps)}.",
         f"Held-out sequences are disjoint from the training ones; {config.n_train} training and "
         f"{config.n_test} held-out tokens (at most) per layer, the training ones from the split's "
+        f"training sequences and {qk.train_only - config.val_seqs} training-only ones "
+        f"(of {qk.train_only}, less the --val-seqs ones); every error is over all "
+        if config.val_seqs else
         f"training sequences and {qk.train_only} training-only ones; every error is over all "
         "held-out (query, key) pairs, across sequences and in both orders (no causal mask).",
         "q and k are divided by √c, c = RMS of q·k over the training pairs, so (q·k)^p is O(1); "

@@ -27,6 +27,8 @@ class Floor:
     rmae: float  # RMAE of the rank-m truncated SVD itself
 
 
+SQRT_EPS = math.sqrt(torch.finfo(torch.float64).eps)
+"""On the eigh path, singular values at or below ``SQRT_EPS · σ_1`` are read as 0."""
 EXACT_SVD_MAX = 2048  # larger matrices: the eigendecomposition of a aᵀ (several times faster)
 
 
@@ -35,7 +37,7 @@ def truncated_svd(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, 
 
     Up to :data:`EXACT_SVD_MAX` rows: ``torch.linalg.svd``. Beyond: σ² and U from
     ``eigh(a aᵀ)`` and V_m = aᵀ U_m / σ_m (accurate for the leading singular values, which are
-    all the floor and W* use; σ below √eps·σ_1 read as 0).
+    all the floor and W* use; σ at or below √eps·σ_1 read as 0, their V columns 0).
     """
     a = a.double()
     if a.shape[0] <= EXACT_SVD_MAX:
@@ -43,8 +45,10 @@ def truncated_svd(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, 
         return u[:, :m], s, vh[:m].T
     evals, evecs = torch.linalg.eigh(a @ a.T)
     s = evals.flip(0).clamp_min(0).sqrt()[:min(a.shape)]
+    s = torch.where(s > s[0] * SQRT_EPS, s, torch.zeros_like(s))  # eigh's rounding, not signal
     u = evecs.flip(1)[:, :m]
-    v = (a.T @ u) / s[:m].clamp_min(s[0] * 1e-300)
+    kept = s[:m] > 0
+    v = (a.T @ u) / torch.where(kept, s[:m], torch.ones_like(s[:m])) * kept
     return u, s, v
 
 

@@ -62,7 +62,9 @@ def test_validation_sequences_stop_every_fit_and_the_table_says_so(tmp_path):
     out = tmp_path / "approx"
     assert main(["--synthetic", "--layers", "0", "--head-dim", "4", "--out", str(out),
                  "--train-seqs", "4", "--val-seqs", "2", *TINY]) == 0
-    assert "Validation (--val-seqs 2): all tokens of the last 2" in (out / "table.md").read_text()
+    text = (out / "table.md").read_text()
+    assert "Validation (--val-seqs 2): all tokens of the last 2" in text
+    assert "and 2 training-only ones (of 4, less the --val-seqs ones)" in text
     with (out / "table.csv").open() as fh:
         fitted = [row for row in csv.DictReader(fh) if row["fit_stop"]]
     assert {row["method"] for row in fitted} == {"2-layer MLP", "Flatten", "BASED-style",

@@ -42,6 +42,23 @@ def test_floor_is_tail_of_singular_values():
     assert eckart_young(a, 15).rel_frobenius == pytest.approx(0.0, abs=1e-12)
 
 
+def test_eigh_path_reads_rounding_as_zero(monkeypatch):
+    """Beyond EXACT_SVD_MAX rows the SVD comes from eigh(a aᵀ), whose eigenvalues of a rank-r
+    matrix past r are rounding: read as 0, the floor at m ≥ r is 0, as the exact SVD's is."""
+    import arbench.approx.floor as floor  # here: patch the threshold for a small matrix
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(60, 5, dtype=torch.float64, generator=gen) @ \
+        torch.randn(5, 40, dtype=torch.float64, generator=gen)
+    exact, exact3 = eckart_young(a, 8), eckart_young(a, 3)
+    monkeypatch.setattr(floor, "EXACT_SVD_MAX", 10)
+    via_eigh = eckart_young(a, 8)
+    assert exact.rel_frobenius < 1e-12 and via_eigh.rel_frobenius == 0.0
+    u, s, v = floor.truncated_svd(a, 8)
+    assert torch.isfinite(v).all() and (v[:, 5:] == 0).all()
+    torch.testing.assert_close((u * s[:8]) @ v.T, a)
+    assert eckart_young(a, 3).rel_frobenius == pytest.approx(exact3.rel_frobenius, rel=1e-9)
+
+
 @pytest.mark.parametrize("p", [2, 3])
 def test_theorem_3_1_sketch_reaches_the_floor(p):
     q, k = gaussian_qk(40, 4, seed=p)
