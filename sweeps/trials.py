@@ -35,8 +35,6 @@ RESULTS = (TrialState.COMPLETE, TrialState.PRUNED)
 """Trials that hold a result (a pruned run counts with the best it had reached)."""
 OPEN = (*RESULTS, *UNFINISHED)
 """Trials that stand for their point: it needs no retry."""
-STARTED = (*FINISHED, TrialState.RUNNING)
-"""Trials a sampled (not grid) sweep counts towards its ``n_trials``."""
 STATE_NAMES = ("complete", "running", "waiting", "fail", "pruned")
 """The states as the status lines and the run summary count them, in that order."""
 
@@ -175,6 +173,29 @@ def unresolved_failures(trials: Trials) -> Trials:
     done = {point_key(grid_point(t), free=()) for t in trials if t.state in RESULTS}
     return [t for t in trials if t.state == TrialState.FAIL
             and point_key(grid_point(t), free=()) not in done]
+
+
+def retried_numbers(trials: Trials) -> set[int]:
+    """The numbers of the trials another trial retries: Optuna's stale-trial retry names the
+    first trial of its chain in ``failed_trial`` and every one in ``retry_history``;
+    ``--retry-failed`` names the trial it replaces in ``failed_trial``. Values that are not
+    trial numbers are skipped."""
+    numbers: set[int] = set()
+    for t in trials:
+        history = t.system_attrs.get("retry_history")
+        named = [t.system_attrs.get("failed_trial"), *(history if isinstance(history, list)
+                                                       else [])]
+        numbers.update(n for n in named
+                       if isinstance(n, int) and not isinstance(n, bool) and n != t.number)
+    return numbers
+
+
+def counted_runs(trials: Trials) -> Trials:
+    """The trials a sampled (not grid) sweep counts towards its ``n_trials``: every trial but
+    a failed one that another trial retries (:func:`retried_numbers`), so a killed run and its
+    retry count once, and the retry still runs."""
+    retried = retried_numbers(trials)
+    return [t for t in trials if not (t.state == TrialState.FAIL and t.number in retried)]
 
 
 def failed_points(trials: Trials) -> Trials:

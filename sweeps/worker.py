@@ -5,8 +5,11 @@ atomic compare-and-set in the storage, so two workers never take the same point)
 in-process through ``main.py``'s CLI with heartbeats, and records the result. Stale trials (a
 dead worker's) are failed and re-queued by the storage (see ``sweeps.storage``); a retried
 point is claimed before the points not yet begun and resumes from its own ``last.ckpt``.
-Points whose trial raised stay failed until ``python -m sweeps run SPEC --retry-failed``
-queues them again (:func:`sweeps.trials.failed_points`).
+A sampled (not grid) sweep's worker runs queued trials the same way and asks the sampler
+for a new point (:func:`ask_new`) only while the study has fewer than ``n_trials`` (a killed
+run and its retry count once). Points whose trial raised stay failed until
+``python -m sweeps run SPEC --retry-failed`` queues them again
+(:func:`sweeps.trials.failed_points`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sweeps.reuse import fill_from, same_experiments
 from sweeps.runtime import expected_seconds, timed_runs
 from sweeps.spec import SweepSpec
 from sweeps.study import load_study
-from sweeps.trials import STARTED
+from sweeps.trials import counted_runs
 
 
 def claim_waiting(study: optuna.Study, storage: RDBStorage,
@@ -61,6 +64,25 @@ def claim_waiting(study: optuna.Study, storage: RDBStorage,
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     return None
+
+
+def ask_new(study: optuna.Study, storage: RDBStorage) -> optuna.Trial | None:
+    """A new trial for the sampler to pick a point for, as ``study.ask()`` makes one, but with
+    its heartbeat recorded before it is RUNNING (as :func:`claim_waiting` does): created
+    WAITING, beaten, then switched to RUNNING, so a worker killed at any step leaves a trial
+    that goes stale (or stays queued), never one RUNNING with no heartbeat. None when another
+    worker claimed it first: it runs there."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    trial_id = storage.create_new_trial(
+        study_id, template_trial=optuna.trial.create_trial(state=TrialState.WAITING))
+    storage.record_heartbeat(trial_id)
+    try:
+        if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+            return None
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return None
+    study._thread_local.cached_all_trials = None  # as ask() does: the sampler reads afresh
+    return optuna.Trial(study, trial_id)
 
 
 class Heartbeat:
@@ -236,9 +258,11 @@ class Deadline:
 
 def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
          poll: float = 2.0, max_trials: int | None = None, until: float | None = None) -> int:
-    """Run trials until the study has none waiting or running; returns trials run here.
-    ``until`` (epoch seconds): start only the queued runs expected to end by then
-    (:class:`Deadline`), and stop when none is."""
+    """Run trials until the study has none waiting or running (a sampled sweep: and has its
+    ``n_trials``, :func:`sweeps.trials.counted_runs`); returns trials run here. A running
+    trial is waited for, since it may go stale and be queued again. ``until`` (epoch
+    seconds): start only the queued runs expected to end by then (:class:`Deadline`), and
+    stop when none is."""
     quiet_sweep_noise()
     quiet_lightning_loggers()
 
@@ -250,27 +274,28 @@ def work(spec: SweepSpec, storage: RDBStorage, runs_root: Path, worker: str,
     while max_trials is None or done < max_trials:
         fail_stale_trials(study)
         deadline = None if until is None else Deadline(until, study.get_trials(deepcopy=False))
-        if spec.sampler == "grid":
-            trial_id = claim_waiting(study, storage, deadline.fits if deadline else None)
-            if trial_id is None:
-                waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                if deadline is not None and waiting:
-                    log(deadline.stop_line(waiting))
-                    break
-                if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                    time.sleep(poll)  # another worker's trial may still go stale
-                    continue
-                break
+        # Queued trials first, a killed run's retry before the rest; a sampled sweep's too.
+        trial_id = claim_waiting(study, storage, deadline.fits if deadline else None)
+        if trial_id is not None:
             trial = optuna.Trial(study, trial_id)
         else:
-            started = study.get_trials(deepcopy=False, states=STARTED)
-            if len(started) >= (spec.n_trials or 0):
+            trials = study.get_trials(deepcopy=False)
+            waiting = [t for t in trials if t.state == TrialState.WAITING]
+            if deadline is not None and waiting:
+                log(deadline.stop_line(waiting))
+                break
+            if spec.sampler == "grid" or len(counted_runs(trials)) >= (spec.n_trials or 0):
+                if any(t.state == TrialState.RUNNING for t in trials):
+                    time.sleep(poll)  # another worker's trial may still go stale: its retry
+                    continue  # is queued in its place and runs here
                 break
             unsampled = optuna.trial.create_trial(state=TrialState.WAITING)  # timed by every run
             if deadline is not None and not deadline.fits(unsampled):
                 log(deadline.stop_line([unsampled]))
                 break
-            trial = study.ask()
+            trial = ask_new(study, storage)
+            if trial is None:
+                continue
         with Heartbeat(storage, trial._trial_id, storage.get_heartbeat_interval() or 30):
             try:
                 run_trial(study, trial, spec, storage, runs_root, log)

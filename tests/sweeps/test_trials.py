@@ -7,7 +7,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeps.report import study_trials
-from sweeps.trials import objective_curve, study_metric, valued_by
+from sweeps.trials import counted_runs, objective_curve, study_metric, valued_by
 
 
 def run(value, val_acc, example_acc, reused_from=None, seed=0):
@@ -68,3 +68,22 @@ def test_objective_curve_is_the_studys_metric():
                         intermediate_values={1000: 0.4, 500: 0.2},
                         user_attrs={"val_curve": [[500, 0.1]]})
     assert objective_curve(live, "val/example_acc") == [(500, 0.2), (1000, 0.4)]
+
+
+def test_a_killed_run_and_its_retries_count_once_towards_n_trials():
+    """A sampled sweep's count: a failed trial a later one retries (Optuna's stale retry names
+    the chain's first in ``failed_trial``, every one in ``retry_history``) is not counted; a
+    failure nothing retries, and names that are not trial numbers, are left as they are."""
+    def trial(number, state, **attrs):
+        t = create_trial(state=state, value=0.5 if state == TrialState.COMPLETE else None,
+                         system_attrs=attrs)
+        t.number = number
+        return t
+
+    chain = [trial(0, TrialState.COMPLETE),
+             trial(1, TrialState.FAIL),  # killed
+             trial(2, TrialState.FAIL, failed_trial=1, retry_history=[1]),  # killed again
+             trial(3, TrialState.WAITING, failed_trial=1, retry_history=[1, 2]),
+             trial(4, TrialState.FAIL),  # raised: not retried
+             trial(5, TrialState.RUNNING, failed_trial=True, retry_history="4")]
+    assert [t.number for t in counted_runs(chain)] == [0, 3, 4, 5]
