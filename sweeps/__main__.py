@@ -11,9 +11,10 @@ Every error the user can cause (bad spec, unreachable storage, rejected grid val
 before anything is written. A sweep that ends with failed points exits with status 1 and
 names the first failure; ``--retry-failed`` queues those points again. A storage that stops
 answering mid-command (a database restart, a lock held too long) prints one line and exits
-with status 3 (:mod:`sweeps.faults`); rerunning the command resumes. The storage URL may come
-from ``$ARBENCH_STORAGE`` or ``--storage-file``, and is shown with its password masked
-(:mod:`sweeps.secrets`).
+with status 3 (:mod:`sweeps.faults`); rerunning the command resumes. A database that refuses a
+request (a missing privilege, a value its column cannot hold) prints one line and exits with
+status 2. The storage URL may come from ``$ARBENCH_STORAGE`` or ``--storage-file``, and is shown
+with its password masked (:mod:`sweeps.secrets`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ import time
 from pathlib import Path
 
 import optuna
+from optuna.exceptions import StorageInternalError
+from optuna.storages import RDBStorage
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from arbench.checks import CliError, OneLineParser, check_writable
 from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
 from sweeps.archive import restore, save
 from sweeps.command import validate_points
-from sweeps.faults import STORAGE_LOST_STATUS, storage_fault, storage_lost_message
+from sweeps.faults import STORAGE_LOST_STATUS, fault_reason, storage_fault, storage_lost_message
 from sweeps.runtime import parse_until
 from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
 from sweeps.spec import SpecError, load_spec
@@ -120,6 +124,17 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def open_command_storage(args: argparse.Namespace, url: str | None,
+                         must_exist: bool = False) -> RDBStorage:
+    """:func:`open_storage` with the command's storage options; ``url`` is kept in
+    ``args.urls`` so that an error line masks its password too (a spec's ``storage:``
+    included)."""
+    if url:
+        args.urls = [*getattr(args, "urls", []), url]
+    return open_storage(url, args.heartbeat, args.grace, must_exist=must_exist,
+                        lock_timeout=args.lock_timeout)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run each spec's sweep in turn. Every spec is loaded and checked before the first
     runs, so a bad one fails at the start rather than hours later; a sweep that ends with
@@ -153,8 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             validate_points(spec)
     given = given_storage(args.storage, args.storage_file)
     urls = [given or spec.storage for spec in specs]
-    storages = [open_storage(url, args.heartbeat, args.grace, lock_timeout=args.lock_timeout)
-                for url in urls]
+    storages = [open_command_storage(args, url) for url in urls]
     return max(run_spec(spec, storage, args, i, url, until)
                for i, spec, storage, url in zip(indices, specs, storages, urls))
 
@@ -256,9 +270,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, args.profile)
     check_writable(args.out, "--out")
-    storage = open_storage(given_storage(args.storage, args.storage_file) or spec.storage,
-                           args.heartbeat, args.grace, must_exist=True,
-                           lock_timeout=args.lock_timeout)
+    storage = open_command_storage(args, given_storage(args.storage, args.storage_file)
+                                   or spec.storage, must_exist=True)
     if spec.study not in optuna.get_all_study_names(storage):
         raise StorageError(f"study {spec.study} has not run in this storage: nothing to report "
                            f"(start it with `python -m sweeps run {args.spec}`)")
@@ -275,9 +288,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
     specs = [load_spec(path, args.profile) for path in args.spec]
     check_suite(specs)
     check_writable(args.out, "--out")
-    storage = open_storage(given_storage(args.storage, args.storage_file) or specs[0].storage,
-                           args.heartbeat, args.grace, must_exist=True,
-                           lock_timeout=args.lock_timeout)
+    storage = open_command_storage(args, given_storage(args.storage, args.storage_file)
+                                   or specs[0].storage, must_exist=True)
     known = set(optuna.get_all_study_names(storage))
     if not known & {spec.study for spec in specs}:
         raise StorageError(f"none of the suite's studies ({', '.join(s.study for s in specs)}) "
@@ -289,16 +301,16 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
-                           args.grace, must_exist=True, lock_timeout=args.lock_timeout)
+    storage = open_command_storage(args, given_storage(args.storage, args.storage_file),
+                                   must_exist=True)
     for line in status_lines(storage):
         print(line)
     return 0
 
 
 def cmd_save(args: argparse.Namespace) -> int:
-    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
-                           args.grace, must_exist=True, lock_timeout=args.lock_timeout)
+    storage = open_command_storage(args, given_storage(args.storage, args.storage_file),
+                                   must_exist=True)
     check_writable(str(Path(args.archive).parent), "archive folder")
     for name, n in save(storage, Path(args.archive)).items():
         print(f"saved {name}: {n} trial(s)")
@@ -307,8 +319,7 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    storage = open_storage(given_storage(args.storage, args.storage_file), args.heartbeat,
-                           args.grace, lock_timeout=args.lock_timeout)
+    storage = open_command_storage(args, given_storage(args.storage, args.storage_file))
     added, skipped = restore(Path(args.archive), storage)
     for name, n in added.items():
         print(f"restored {name}: {n} trial(s)")
@@ -325,6 +336,35 @@ def secret_url(args: argparse.Namespace) -> str | None:
         return None
 
 
+def scrub_urls(message: str, args: argparse.Namespace) -> str:
+    """``message`` with the passwords of the URL the user gave and of every storage the
+    command opened replaced by ``***`` (:func:`sweeps.secrets.scrub`)."""
+    for url in [secret_url(args), *getattr(args, "urls", [])]:
+        message = scrub(message, url)
+    return message
+
+
+def database_error(err: BaseException) -> BaseException | None:
+    """The database error ``err`` is, or was raised from (a ``DBAPIError``, or Optuna's
+    ``StorageInternalError`` wrapping one: a rejected statement, a missing privilege, a value
+    the column cannot hold), or None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (StorageInternalError, DBAPIError)):
+            return current
+        current = current.__cause__
+    return None
+
+
+def database_error_message(err: BaseException) -> str:
+    """One line for a database error that is no lost connection: the driver's first line."""
+    cause = err.__cause__ if isinstance(err, StorageInternalError) else None
+    reason = fault_reason(cause if isinstance(cause, SQLAlchemyError) else err)
+    return f"the storage refused a request: {reason}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` (default: this process's arguments); returns the exit status.
     Worker processes started by ``run`` get ``argv``."""
@@ -332,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv
     quiet_sweep_noise()
+    args.urls = []
     if password(args.storage) and os.environ.get("ARBENCH_SWEEP_WORKER") is None:
         print(f"note: --storage shows its password to every user of this machine (the process "
               f"list); give the URL in ${ENV_VAR} or --storage-file instead", file=sys.stderr)
@@ -351,9 +392,11 @@ def main(argv: list[str] | None = None) -> int:
             message, status = storage_lost_message(fault, worker), STORAGE_LOST_STATUS
         elif isinstance(err, (SpecError, StorageError, CliError)):
             message, status = str(err), 2
+        elif database_error(err) is not None:
+            message, status = database_error_message(database_error(err)), 2
         else:
             raise
-        print(f"error: {scrub(message, secret_url(args))}", file=sys.stderr, flush=True)
+        print(f"error: {scrub_urls(message, args)}", file=sys.stderr, flush=True)
         return status
 
 

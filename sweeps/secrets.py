@@ -5,8 +5,9 @@ every user of the machine sees in the process list): the environment variable
 ``ARBENCH_STORAGE``, or ``--storage-file PATH`` (the URL on the file's first line). Worker
 processes receive it in ``ARBENCH_STORAGE`` and never in their arguments
 (:func:`argv_without_storage`). Everything printed or recorded shows :func:`masked` URLs and
-:func:`scrub`-bed messages, the password replaced by ``***`` as SQLAlchemy renders it with
-``hide_password=True``.
+:func:`scrub`-bed messages, each password replaced by ``***``: the ``user:password@`` part's
+(everything up to the last ``@`` before the host, so a raw ``@`` in it stays hidden) and each
+``password=`` query parameter's; a URL SQLAlchemy cannot parse is not shown at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -23,41 +24,103 @@ from arbench.checks import CliError
 
 ENV_VAR = "ARBENCH_STORAGE"
 """The environment variable that holds the storage URL (for the user, and for workers)."""
-_USERINFO = re.compile(r"(?P<head>://[^:/@\s]*:)(?P<password>[^@\s]*)(?P<tail>@)")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_QUERY_PASSWORD = re.compile(r"(?i)(?:^|[?&\s])(?:ssl)?password=(?P<value>'[^']*'?|[^&\s]*)")
+UNPARSED = "<storage URL>"
+"""What :func:`masked` shows for a URL SQLAlchemy cannot parse (its password cannot be found
+for sure, so none of it shows)."""
+
+
+def _userinfo_password(url: str) -> tuple[int, int] | None:
+    """Where the password of ``url``'s ``user:password@`` lies: from the user's ``:`` to the
+    last ``@`` before the host (a raw ``@`` may be part of the password), with or without a
+    scheme and its slashes; None without one (or for a path-only URL like ``sqlite:///``)."""
+    start = 0
+    scheme = _SCHEME.match(url)
+    if scheme:
+        slashes = len(url[scheme.end():]) - len(url[scheme.end():].lstrip("/"))
+        if slashes >= 3:  # sqlite:///path: no host, so no user or password
+            return None
+        if slashes:
+            start = scheme.end() + slashes
+    first_at = url.find("@", start)
+    if first_at < 0:
+        return None
+    query = url.find("?", first_at)
+    at = url.rfind("@", start, query if query >= 0 else len(url))
+    user_end = url.find(":", start, at)
+    if user_end < 0 or "/" in url[start:user_end] or user_end + 1 == at:
+        return None
+    return user_end + 1, at
+
+
+def _password_spans(url: str) -> list[tuple[int, int]]:
+    """Where each password in ``url`` lies: the userinfo's, and each ``password=`` (or
+    ``sslpassword=``) value of its query or libpq ``key=value`` text; in order, not overlapping."""
+    spans = []
+    userinfo = _userinfo_password(url)
+    if userinfo:
+        spans.append(userinfo)
+    for match in _QUERY_PASSWORD.finditer(url):
+        begin, end = match.span("value")
+        if end > begin and not (userinfo and begin < userinfo[1] and end > userinfo[0]):
+            spans.append((begin, end))
+    return sorted(spans)
 
 
 def masked(url: str) -> str:
-    """``url`` with its password shown as ``***`` (``postgresql://alice:***@host/db``); URLs
-    without one are returned unchanged. A URL SQLAlchemy cannot parse is masked by pattern."""
+    """``url`` with each password shown as ``***`` (``postgresql://alice:***@host/db``,
+    ``...?password=***``); URLs without one are returned unchanged, and a URL SQLAlchemy cannot
+    parse is not shown at all (:data:`UNPARSED`)."""
     try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        return _USERINFO.sub(r"\g<head>***\g<tail>", url)
-    if parsed.password is None:
-        return url
-    return parsed.render_as_string(hide_password=True)
+        make_url(url)
+    except (ArgumentError, ValueError, TypeError):
+        return UNPARSED
+    out, last = [], 0
+    for begin, end in _password_spans(url):
+        out += [url[last:begin], "***"]
+        last = end
+    return "".join(out) + url[last:]
+
+
+def passwords(url: str | None) -> list[str]:
+    """The passwords in ``url`` as written (quotes of a libpq ``'value'`` removed)."""
+    if not url:
+        return []
+    return [url[begin:end].strip("'") for begin, end in _password_spans(url)
+            if url[begin:end].strip("'")]
 
 
 def password(url: str | None) -> str | None:
-    """The password in ``url`` (as written, and decoded), or None."""
-    if not url:
-        return None
-    match = _USERINFO.search(url)
-    return match.group("password") or None if match else None
+    """The first password in ``url`` (:func:`passwords`), or None."""
+    found = passwords(url)
+    return found[0] if found else None
 
 
 def scrub(text: str, url: str | None) -> str:
-    """``text`` with ``url`` masked and any remaining copy of its password replaced by
-    ``***`` (a driver's error message may quote it)."""
+    """``text`` with ``url`` masked and any remaining copy of its passwords (as written, and
+    decoded) replaced by ``***`` (a driver's error message may quote them)."""
     if not url:
         return text
     text = text.replace(url, masked(url))
-    secret = password(url)
-    if secret:
-        for form in {secret, unquote(secret)}:
-            if len(form) >= 3:  # a one- or two-letter password would mask ordinary words
-                text = text.replace(form, "***")
+    for form in sorted(_secret_forms(url), key=len, reverse=True):
+        if len(form) >= 3:  # a one- or two-letter password would mask ordinary words
+            text = text.replace(form, "***")
     return text
+
+
+def _secret_forms(url: str) -> set[str]:
+    """Every text of ``url``'s passwords a message may quote: as written, decoded, and the
+    pieces either side of a raw ``@`` in one (SQLAlchemy reads ``alice:p@ss@host`` as password
+    ``p`` on host ``ss@host``, and the driver then names that host)."""
+    forms: set[str] = set()
+    for secret in passwords(url):
+        for whole in {secret, unquote(secret), unquote_plus(secret)}:
+            pieces = whole.split("@")
+            forms.add(whole)
+            forms.update("@".join(pieces[i:]) for i in range(1, len(pieces)))
+            forms.update("@".join(pieces[:i]) for i in range(1, len(pieces)))
+    return forms
 
 
 def read_storage_file(path: str) -> str:
@@ -120,5 +183,5 @@ def worker_env(env: dict[str, str], url: str | None) -> dict[str, str]:
     return out
 
 
-__all__ = ["ENV_VAR", "argv_without_storage", "given_storage", "masked",
-           "password", "read_storage_file", "scrub", "worker_env"]
+__all__ = ["ENV_VAR", "UNPARSED", "argv_without_storage", "given_storage", "masked",
+           "password", "passwords", "read_storage_file", "scrub", "worker_env"]

@@ -453,12 +453,17 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     description = merged.get("description") or ""
     if not isinstance(description, str):
         raise SpecError("description must be text")
+    storage = merged.get("storage")
+    if storage is not None and not (isinstance(storage, str) and storage.strip()):
+        # the value is not shown: it may be a URL with its password
+        raise SpecError(f"{path}: storage must be a storage URL (non-empty text), got "
+                        f"{'empty text' if isinstance(storage, str) else type(storage).__name__}")
     spec = SweepSpec(path=path, study=merged["study"],
                      configs=[_resolve(c) for c in merged.get("configs") or []],
                      profile=profile, grid=grid, size=size, lr=[float(x) for x in lr],
                      metric=metric, direction=direction,
                      sampler=sampler, n_trials=n_trials, pruner=pruner, pruner_args=pruner_args,
-                     args=_resolve_args(args), storage=merged.get("storage"),
+                     args=_resolve_args(args), storage=storage,
                      plots=_check_plots(merged.get("plots")),
                      claims=_check_claims(merged.get("claims")), reuse=list(reuse),
                      description=" ".join(description.split()),

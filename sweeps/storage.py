@@ -60,6 +60,18 @@ def serialize_sqlite(engine: Engine) -> None:
     engine.dispose()  # connections opened before the listeners would keep the old behaviour
 
 
+def schema_race(text: str, waited: float, lock_timeout: float) -> bool:
+    """Whether an error opening the storage (its text, after ``waited`` seconds of trying) is
+    two processes creating a new database's schema at once, which the loser retries.
+
+    SQLite's "database is locked" counts only when it came well before ``lock_timeout`` (SQLite
+    gives up at once on a deadlock between two writers); after the whole timeout another
+    process holds the lock, and retrying would multiply ``--lock-timeout``."""
+    if any(r in text for r in ("already exists", "UNIQUE constraint", "duplicate key")):
+        return True
+    return "locked" in text and waited < lock_timeout / 2
+
+
 def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
                  must_exist: bool = False, lock_timeout: float = 120.0) -> RDBStorage:
     """An ``RDBStorage`` with heartbeats; raises ``StorageError`` with one line if unreachable
@@ -78,6 +90,7 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
         engine_kwargs = {"connect_args": {"timeout": lock_timeout}}
     elif url.startswith("postgresql"):
         engine_kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    started = time.monotonic()
     for attempt in range(6):
         try:
             storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
@@ -85,16 +98,16 @@ def open_storage(url: str | None, heartbeat: int = 30, grace: int = 120,
                                      RetryStaleWithoutRungs(max_retry=3)))
         except Exception as err:  # sqlalchemy raises many kinds; reduce to one line
             text = str(err).strip()
-            # Two processes creating a new database's schema at once: the loser retries.
-            racing = ("already exists", "locked", "UNIQUE constraint", "duplicate key")
-            if any(r in text for r in racing) and attempt < 5:
+            if schema_race(text, time.monotonic() - started, lock_timeout) and attempt < 5:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             first = text.splitlines()[0] if text else type(err).__name__
             fault = storage_fault(err)
             if fault is not None and is_locked(fault):  # not the URL's fault: say what to do
                 first = storage_lost_message(fault)
-            raise StorageError(f"cannot open storage {masked(url)}: {scrub(first, url)}") \
+            # the whole line is scrubbed: the driver may quote the password, or the piece of it
+            # SQLAlchemy misread as the host
+            raise StorageError(scrub(f"cannot open storage {masked(url)}: {first}", url)) \
                 from None
         if storage.engine.name == "sqlite":
             serialize_sqlite(storage.engine)

@@ -11,7 +11,18 @@ import pytest
 from test_sweeps import GRID4, sweep, write_spec
 
 from arbench.checks import CliError
-from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, masked, scrub, worker_env
+from sweeps.__main__ import main
+from sweeps.secrets import (
+    ENV_VAR,
+    argv_without_storage,
+    given_storage,
+    masked,
+    password,
+    passwords,
+    scrub,
+    worker_env,
+)
+from sweeps.storage import StorageError, open_storage
 
 PASSWORD = "s3cretPW-4711"
 UNREACHABLE = f"postgresql://alice:{PASSWORD}@127.0.0.1:1/db"
@@ -22,7 +33,7 @@ def test_masked_hides_only_the_password():
     assert masked(UNREACHABLE) == "postgresql://alice:***@127.0.0.1:1/db"
     assert masked("sqlite:///runs/sweeps.db") == "sqlite:///runs/sweeps.db"
     assert masked("postgresql://bob@host/db") == "postgresql://bob@host/db"
-    assert masked("not a url://u:pw123@h") == "not a url://u:***@h"  # by pattern
+    assert masked("not a url://u:pw123@h") == "<storage URL>"  # unparsed: not shown at all
 
 
 def test_scrub_removes_every_copy_of_the_password():
@@ -32,6 +43,50 @@ def test_scrub_removes_every_copy_of_the_password():
     encoded = "postgresql://alice:p%40ss-word@h/db"  # '@' in a password is %-encoded
     assert "p@ss-word" not in scrub("driver says p@ss-word", encoded)
     assert scrub("nothing secret", None) == "nothing secret"
+
+
+LEAKY = {  # each a URL whose password an earlier masking showed in an error line
+    "query parameter": "postgresql://alice@127.0.0.1:1/db?password=TopSecret99",
+    "raw @ in it": "postgresql://alice:p@ssTopSecret99@127.0.0.1:1/db",
+    "one-slash typo": "postgresql:/alice:TopSecret99@127.0.0.1:1/db",
+    "no scheme": "alice:TopSecret99@127.0.0.1:1/db",
+    "libpq keys in the query": "postgresql:///db?host=127.0.0.1&port=1&user=alice&"
+                               "password=TopSecret99",
+    "bad port": "postgresql://alice:TopSecret99@127.0.0.1:xx/db",
+}
+
+
+def test_masked_finds_the_password_in_every_form():
+    assert masked(LEAKY["query parameter"]) == "postgresql://alice@127.0.0.1:1/db?password=***"
+    assert masked(LEAKY["raw @ in it"]) == "postgresql://alice:***@127.0.0.1:1/db"
+    assert masked(LEAKY["libpq keys in the query"]).endswith("&user=alice&password=***")
+    for unparsed in ("one-slash typo", "no scheme", "bad port"):
+        assert masked(LEAKY[unparsed]) == "<storage URL>"
+    assert passwords(LEAKY["raw @ in it"]) == ["p@ssTopSecret99"]
+    assert passwords("postgresql://u:pw1@h/db?sslpassword='a b c'&password=xyz") == \
+        ["pw1", "a b c", "xyz"]
+    assert passwords("sqlite:///odd:name@x.db") == []  # a path, not a user and password
+    for url in LEAKY.values():
+        assert password(url) is not None  # so --storage URL prints its note
+        assert "Secret99" not in scrub(f"host 'ssTopSecret99@127.0.0.1' rejects {url}", url)
+
+
+@pytest.mark.parametrize("what", list(LEAKY))
+def test_cannot_open_storage_never_shows_the_password(what):
+    with pytest.raises(StorageError, match="^cannot open storage ") as caught:
+        open_storage(LEAKY[what])
+    assert "Secret99" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_password_in_the_query_gets_the_process_list_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert main(["status", "--storage", LEAKY["query parameter"]]) == 2
+    note, error = capsys.readouterr().err.strip().splitlines()
+    assert note.startswith("note: --storage shows its password to every user")
+    assert error.startswith("error: cannot open storage postgresql://alice@127.0.0.1:1/db?"
+                            "password=***: ")
+    assert "Secret99" not in error
 
 
 def test_storage_options_leave_a_workers_command_line():

@@ -5,6 +5,7 @@ import pytest
 import yaml
 from paths import ROOT, config
 
+from sweeps.__main__ import main
 from sweeps.command import trial_args
 from sweeps.names import trial_name
 from sweeps.spec import SpecError, load_spec
@@ -93,3 +94,26 @@ def test_config_paths_resolve_from_any_folder_zipped_and_in_args(tmp_path, monke
     path.write_text(path.read_text().replace("overwrite_smoke", "nothing_smoke"))
     with pytest.raises(SpecError, match="config file not found: configs/tasks/nothing_smoke"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("bad, got", [(5, "int"), ("", "empty text"),
+                                      (["postgresql://alice:TopSecret99@h/db"], "list")])
+def test_storage_must_be_a_url(tmp_path, monkeypatch, capsys, bad, got):
+    """A spec's ``storage:`` that is no text stops ``load_spec`` (and the command) in one line
+    naming the file and the key, without showing the value (it may hold a password)."""
+    path = tmp_path / "s.yaml"
+    spec = {"study": "s", "configs": [config("p4.yaml")], "grid": {"seed_everything": [0]},
+            "lr": [1e-3]}
+    path.write_text(yaml.safe_dump({**spec, "storage": None}))
+    assert load_spec(path).storage is None
+    path.write_text(yaml.safe_dump({**spec, "storage": bad}))
+    with pytest.raises(SpecError, match=f"^{path}: storage must be a storage URL "
+                                        fr"\(non-empty text\), got {got}$"):
+        load_spec(path)
+    path.write_text(yaml.safe_dump({**spec, "profiles": {"smoke": {"storage": bad}}}))
+    with pytest.raises(SpecError, match="storage must be a storage URL"):
+        load_spec(path, "smoke")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(path), "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}: storage must be a storage URL (non-empty text), got {got}\n"

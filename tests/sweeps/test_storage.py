@@ -1,11 +1,13 @@
+import sqlite3
 import threading
 import time
 
 import optuna
+import pytest
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
-from sweeps.storage import open_storage
+from sweeps.storage import StorageError, open_storage, schema_race
 
 
 def test_sqlite_claim_has_one_winner_when_two_workers_read_at_once(tmp_path, monkeypatch):
@@ -33,3 +35,26 @@ def test_sqlite_claim_has_one_winner_when_two_workers_read_at_once(tmp_path, mon
         t.join()
     assert sorted(won) == [False, True]
     assert storages[1].get_trial(trial_id).state == TrialState.RUNNING
+
+
+def test_a_locked_sqlite_file_fails_after_about_the_lock_timeout(tmp_path):
+    """Another process holding the write lock is no schema-creation race: opening stops after
+    about ``--lock-timeout`` (0.5 s here), not after six timeouts and the retries' pauses
+    between them (over 10 s)."""
+    path = tmp_path / "db.sqlite"
+    open_storage(f"sqlite:///{path}").engine.dispose()  # the schema exists
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        start = time.monotonic()
+        with pytest.raises(StorageError, match="locked by another process for longer than "
+                                               "--lock-timeout"):
+            open_storage(f"sqlite:///{path}", lock_timeout=0.5)
+        elapsed = time.monotonic() - start
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert 0.5 <= elapsed < 3.0, elapsed
+    assert schema_race("database is locked", 0.01, 0.5)  # a deadlock answers at once: retried
+    assert schema_race("table studies already exists", 30.0, 0.5)
+    assert not schema_race("no such table: studies", 0.01, 0.5)

@@ -4,8 +4,12 @@ lock never shows beside the user's studies, ``--help`` reads well."""
 
 import optuna
 import pytest
+from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
+from sqlalchemy.exc import DataError, ProgrammingError
 from test_sweeps import GRID4, sweep, write_spec
+
+import sweeps.__main__ as cli
 
 
 def one_error_line(stderr: str) -> str:
@@ -164,3 +168,41 @@ def test_a_study_keeps_the_profile_and_size_its_runs_trained_at(tmp_path):
     assert done.returncode != 0
     assert "asks for profile smoke, size teacher: give it another --storage" in \
         one_error_line(done.stderr)
+
+
+def refused(kind: str) -> Exception:
+    """A database error that is no lost connection, its driver message quoting a password:
+    Optuna's wrapper of a rejected statement, or the SQLAlchemy error itself."""
+    if kind == "DataError":
+        return DataError("INSERT INTO trial_user_attributes", {},
+                         Exception("value too long for type character varying(2048): "
+                                   "TopSecret99"))
+    try:
+        raise ProgrammingError("INSERT INTO studies", {},
+                               Exception("permission denied for table studies (user alice, "
+                                         "password TopSecret99)"))
+    except ProgrammingError as err:
+        try:
+            raise StorageInternalError("An exception is raised during the commit.") from err
+        except StorageInternalError as wrapped:
+            return wrapped
+
+
+@pytest.mark.filterwarnings("ignore:Query string argument")  # SQLite ignores ?password=
+@pytest.mark.parametrize("kind", ["StorageInternalError", "DataError"])
+def test_a_refused_database_request_is_one_line_without_the_password(tmp_path, monkeypatch,
+                                                                     capsys, kind):
+    """A database error other than a lost connection (a missing privilege, a value too long)
+    prints one scrubbed line and exits with status 2, not a traceback."""
+    def restore(*_args, **_kwargs):
+        raise refused(kind)
+
+    monkeypatch.setattr(cli, "restore", restore)
+    (tmp_path / "archive.jsonl").write_text("")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}?password=TopSecret99"  # SQLite ignores it
+    assert cli.main(["restore", str(tmp_path / "archive.jsonl"), "--storage", url]) == 2
+    err = capsys.readouterr().err
+    line = one_error_line(err)
+    assert line.startswith("error: the storage refused a request: ")
+    assert ("permission denied" if kind != "DataError" else "value too long") in line
+    assert "TopSecret99" not in err and "***" in line
