@@ -37,7 +37,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from arbench.checks import CliError, OneLineParser, check_writable
 from arbench.noise import quiet_lightning_loggers, quiet_sweep_noise
-from sweeps.archive import restore, save
+from sweeps.archive import check_not_half_restored, restore, save
 from sweeps.command import validate_points
 from sweeps.faults import STORAGE_LOST_STATUS, fault_reason, storage_fault, storage_lost_message
 from sweeps.runtime import parse_until
@@ -116,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("save", help="write the storage's studies to an archive file (JSON "
                                      "Lines) to commit; the file's other studies are kept")
     sv.add_argument("archive")
+    sv.add_argument("--replace", action="append", default=[], metavar="STUDY",
+                    help="save STUDY even though the archive holds finished runs of it that the "
+                         "storage lacks (they are dropped); repeatable")
     _storage_args(sv)
     rs = sub.add_parser("restore", help="add an archive's studies to the storage (those it "
                                         "lacks), so their sweeps resume on a new machine")
@@ -205,6 +208,7 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
     from sweeps.widen import widen
     from sweeps.worker import work
 
+    check_not_half_restored(storage, [spec.study])
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     torch.set_num_threads(threads)
@@ -303,6 +307,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     storage = open_command_storage(args, given_storage(args.storage, args.storage_file),
                                    must_exist=True)
+    check_not_half_restored(storage)
     for line in status_lines(storage):
         print(line)
     return 0
@@ -312,7 +317,7 @@ def cmd_save(args: argparse.Namespace) -> int:
     storage = open_command_storage(args, given_storage(args.storage, args.storage_file),
                                    must_exist=True)
     check_writable(str(Path(args.archive).parent), "archive folder")
-    for name, n in save(storage, Path(args.archive)).items():
+    for name, n in save(storage, Path(args.archive), replace=args.replace).items():
         print(f"saved {name}: {n} trial(s)")
     print(args.archive)
     return 0

@@ -17,21 +17,33 @@ A trial that was running or waiting when saved is archived as WAITING: its proce
 ``last.ckpt`` stay behind with the machine, so a restored sweep queues it again from the start,
 without the rung values the pruner had recorded for it (``sweeps.retry``): it is judged again
 on its new run.
-Saving merges: studies the archive holds and the storage does not are kept. Restoring adds the
-archive's studies the storage lacks, each trial under its own number, and leaves studies the
-storage already has as they are. An archive may come from someone else: restore checks every
-line first (:mod:`sweeps.archive_check`) and restores nothing if one is malformed.
+Saving merges: studies the archive holds and the storage does not are kept; a study both hold
+is written as the storage has it, unless the archive holds finished runs of it that the
+storage lacks (a machine that started the study anew instead of restoring it): ``save``
+refuses, naming them, rather than drop them (``replace`` names the studies whose archived runs
+may go). Restoring adds the archive's studies the storage lacks, each trial under its own
+number, and leaves studies the storage already has as they are. An archive may come from
+someone else: restore checks every line first (:mod:`sweeps.archive_check`) and restores
+nothing if one is malformed.
+
+A study is restored trial by trial, marked (:data:`RESTORING`) from before its first trial to
+after its last: a restore cut off part-way (killed, or a storage fault that also stopped the
+half study being deleted) leaves the mark, and the next restore deletes that study and restores
+it again. Until then ``status`` and ``run`` refuse it (:func:`check_not_half_restored`), and so
+does ``save``.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -41,7 +53,13 @@ from sweeps.archive_check import check_archive
 from sweeps.report.loss import loss_curve
 from sweeps.retry import without_rungs
 from sweeps.storage import StorageError
-from sweeps.trials import UNFINISHED, is_lock_study
+from sweeps.trials import UNFINISHED, is_lock_study, is_number
+
+RESTORING = "_arbench_restoring"
+"""A study system attr: the archive a restore is adding the study from, set before its first
+trial and set to None after its last. A study whose value is not None was cut off part-way."""
+FINISHED_STATES = ("COMPLETE", "PRUNED")
+"""Archived trials ``save`` never drops unasked: runs that hold a result."""
 
 
 def _time(value: datetime.datetime | None) -> str | None:
@@ -139,14 +157,75 @@ def study_records(storage: Any, name: str) -> list[dict[str, Any]]:
     return [head, *(trial_record(name, t) for t in trials)]
 
 
-def save(storage: Any, path: Path) -> dict[str, int]:
+def _storage(storage: Any) -> BaseStorage:
+    """``storage``, a storage or a database URL, as a storage."""
+    return storage if isinstance(storage, BaseStorage) else RDBStorage(storage)
+
+
+def half_restored(storage: Any) -> dict[str, str]:
+    """``{study: archive}`` of the studies of ``storage`` whose restore was cut off part-way
+    (:data:`RESTORING`)."""
+    return {study.study_name: str(study.system_attrs[RESTORING])
+            for study in _storage(storage).get_all_studies()
+            if study.system_attrs.get(RESTORING) is not None}
+
+
+def check_not_half_restored(storage: Any, names: Iterable[str] | None = None) -> None:
+    """Raise one line of ``StorageError`` if a study of ``names`` (default: every study of
+    ``storage``) holds only part of the archive it was restored from."""
+    half = half_restored(storage)
+    blocked = sorted(half if names is None else set(names) & set(half))
+    if blocked:
+        name = blocked[0]
+        raise StorageError(f"study {name} holds only part of its archive (its restore was cut "
+                           f"off): rerun `python -m sweeps restore {half[name]}` with this "
+                           "storage to restore it whole")
+
+
+def _trial_key(record: dict[str, Any]) -> tuple[str, str]:
+    """What tells an archived trial apart from another study's that ran the same point: its
+    params (numbers as floats, as the storage may give an int back as a float) and its start
+    to the second (a database may drop the microseconds); its number when it has no start."""
+    params = record.get("params")
+    if isinstance(params, dict):
+        params = {k: float(v) if is_number(v) else v for k, v in params.items()}
+    start = record.get("datetime_start")
+    return (json.dumps(params, sort_keys=True, default=str),
+            str(start)[:19] if start else f"#{record.get('number')}")
+
+
+def dropped_trials(archived: list[dict[str, Any]],
+                   stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The finished (complete or pruned) trial lines of ``archived`` (one study's archive
+    lines) that ``stored`` (the storage's lines of it) does not hold."""
+    have = {_trial_key(r) for r in stored[1:]}
+    return [r for r in archived[1:]
+            if r.get("state") in FINISHED_STATES and _trial_key(r) not in have]
+
+
+def save(storage: Any, path: Path, replace: Iterable[str] = ()) -> dict[str, int]:
     """Write every study of ``storage`` to the archive at ``path``, keeping the archive's
-    other studies; returns ``{study: trials}`` of what was written from the storage."""
+    other studies; returns ``{study: trials}`` of what was written from the storage. Refuses
+    (one line of ``StorageError``, nothing written) a half-restored study, and a study whose
+    archived finished trials the storage lacks unless ``replace`` names it."""
     path = Path(path)
     kept = read_archive(path) if path.is_file() else {}
     names = [n for n in optuna.get_all_study_names(storage) if not is_lock_study(n)]
+    check_not_half_restored(storage, names)
+    replace = set(replace)
     for name in names:
-        kept[name] = study_records(storage, name)
+        records = study_records(storage, name)
+        lost = [] if name in replace else dropped_trials(kept.get(name, []), records)
+        if lost:
+            numbers = ", ".join(str(r.get("number")) for r in lost[:3]) + (
+                ", ..." if len(lost) > 3 else "")
+            raise StorageError(
+                f"{path} holds {len(lost)} finished trial(s) of study {name} that this storage "
+                f"lacks (number {numbers}; the storage has {len(records) - 1} trial(s)): "
+                "saving would drop them, so nothing was saved; restore the archive into a "
+                f"storage without {name} and go on there, or save with --replace {name} to "
+                "drop them")
+        kept[name] = records
 
     def write(tmp: Path) -> None:
         with tmp.open("w") as f:
@@ -158,12 +237,37 @@ def save(storage: Any, path: Path) -> dict[str, int]:
     return {name: len(kept[name]) - 1 for name in names}
 
 
-def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
-    """Add the archive's studies that ``storage`` lacks; returns ``({study: trials added},
-    [studies left as they were because the storage has them])``."""
+def _cut_off(storage: BaseStorage, name: str, archived: list[dict[str, Any]]) -> str | None:
+    """Why the storage's study ``name`` is an unfinished restore of ``archived`` (its archive
+    lines) to delete and redo: it carries :data:`RESTORING`, or it is empty where the archive's
+    is not (no trial, no attr: cut off between its creation and its mark); None for a study to
+    keep."""
+    study_id = storage.get_study_id_from_name(name)
+    mark = storage.get_study_system_attrs(study_id).get(RESTORING)
+    n = storage.get_n_trials(study_id)
+    if mark is not None:
+        return f"its restore from {mark} was cut off with {n} trial(s) in"
+    if n == 0 and not storage.get_study_user_attrs(study_id) \
+            and (len(archived) > 1 or archived[0].get("user_attrs")):
+        return "the storage holds it empty (a restore cut off as it began)"
+    return None
+
+
+def restore(path: Path, storage: Any,
+            say: Callable[[str], None] = print) -> tuple[dict[str, int], list[str]]:
+    """Add the archive's studies that ``storage`` lacks, and again those a cut-off restore left
+    in part (told by one line to ``say``); returns ``({study: trials added}, [studies left as
+    they were because the storage has them])``."""
     archive = read_archive(Path(path))
     check_archive(path, archive)  # all of it first: a bad line restores nothing
+    storage = _storage(storage)
     present = set(optuna.get_all_study_names(storage))
+    for name in sorted(set(archive) & present):
+        why = _cut_off(storage, name, archive[name])
+        if why is not None:
+            say(f"restoring {name} again: {why}")
+            optuna.delete_study(study_name=name, storage=storage)
+            present.discard(name)
     added: dict[str, int] = {}
     skipped = sorted(name for name in archive if name in present)
     for name in sorted(set(archive) - present):
@@ -171,17 +275,22 @@ def restore(path: Path, storage: Any) -> tuple[dict[str, int], list[str]]:
         study = optuna.create_study(
             study_name=name, storage=storage,
             directions=[StudyDirection[d.upper()] for d in head["directions"]])
+        study_id = storage.get_study_id_from_name(name)
+        storage.set_study_system_attr(study_id, RESTORING, str(path))
         try:
             for key, value in head.get("user_attrs", {}).items():
                 study.set_user_attr(key, value)
             for record in sorted(trials, key=lambda r: r.get("number", -1)):
                 study.add_trial(frozen_trial(record))
         except Exception as err:
-            optuna.delete_study(study_name=name, storage=storage)  # never half a study
+            # never half a study; should deleting it fail too, its mark has the next restore
+            # redo it
+            optuna.delete_study(study_name=name, storage=storage)
             if isinstance(err, (KeyError, ValueError, TypeError)):
                 raise StorageError(f"{path}: study {name} has a trial line this code cannot "
                                    f"read ({type(err).__name__}: {err}); nothing of it was "
                                    "restored") from None
             raise
+        storage.set_study_system_attr(study_id, RESTORING, None)
         added[name] = len(trials)
     return added, skipped

@@ -3,21 +3,26 @@
 An archive may come from someone else. Every line must have the shape ``sweeps save`` writes:
 study names that are plain folder names (:mod:`sweeps.names`), known states and directions,
 numbers that are numbers and fit the database (trial numbers and steps below 2**31, no
-integer beyond 64 bits anywhere), text where text belongs, and grid points whose run folders
-are plain names. The first line that is not so raises ``StorageError`` naming the file, the
-line and the field; :func:`sweeps.archive.restore` checks the whole archive first, so a bad
-line anywhere restores nothing.
+integer beyond 64 bits anywhere), text where text belongs, grid points whose run folders are
+plain names, attributes the sweeps read of the type they read them as (:data:`TRIAL_USER_ATTRS`,
+:data:`TRIAL_SYSTEM_ATTRS`, :data:`STUDY_USER_ATTRS`: a run's ``wall_time_s`` a number, a
+retry's ``retry_history`` a list of trial numbers), and keys PostgreSQL stores (at most
+:data:`MAX_KEY` characters, no NUL). The first line that is not so raises ``StorageError``
+naming the file, the line and the field; :func:`sweeps.archive.restore` checks the whole
+archive first, so a bad line anywhere restores nothing.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable
 from typing import Any
 
 from optuna.distributions import CategoricalDistribution, json_to_distribution
 
 from sweeps.names import check_name, name_problem, trial_name
+from sweeps.retry import RUNG_PREFIX
 from sweeps.storage import StorageError
 from sweeps.trials import is_lock_study, is_number
 
@@ -26,6 +31,8 @@ DIRECTIONS = ("maximize", "minimize")
 MAX_DB_INT = 2**31 - 1
 """Trial numbers and steps are 32-bit integer columns."""
 MAX_INT = 2**63 - 1
+MAX_KEY = 512
+"""Attribute and parameter names are ``VARCHAR(512)`` columns in Optuna's schema."""
 STUDY_KEYS = {"study", "directions", "user_attrs"}
 TRIAL_KEYS = {"study", "number", "state", "values", "params", "distributions", "user_attrs",
               "system_attrs", "intermediate_values", "datetime_start", "datetime_complete"}
@@ -48,10 +55,77 @@ def _check_ints(value: Any, field: str) -> None:
 
 
 def _mapping(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """``record[key]`` (default empty), a mapping whose keys the database can store."""
     value = record.get(key, {})
     if not isinstance(value, dict):
         raise BadLine(f"{key} must be a mapping, got {type(value).__name__}")
+    for name in value:
+        if len(name) > MAX_KEY:
+            raise BadLine(f"{key} has a key of {len(name)} characters ({name[:20]!r}...), "
+                          f"longer than the database's {MAX_KEY}")
+        if "\0" in name:
+            raise BadLine(f"{key} has a key with a NUL character ({name!r:.40}), which "
+                          "PostgreSQL cannot store")
     return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _is_curve(value: Any) -> bool:
+    """A list of ``[step, number]`` pairs, the step an integer."""
+    return isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and is_number(p[1])
+        for p in value)
+
+
+def _is_scores(value: Any) -> bool:
+    """A mapping of names to numbers (a run's per-slice accuracy)."""
+    return isinstance(value, dict) and all(map(is_number, value.values()))
+
+
+AttrType = tuple[Callable[[Any], bool], str]
+"""A check of an attr's value, and what it must be (for the message)."""
+TEXT = (_or_null(lambda v: isinstance(v, str)), "text or null")
+NUMBER_OR_NULL = (_or_null(is_number), "a number or null")
+INT_OR_NULL = (_or_null(_is_int), "an integer or null")
+CURVE = (_or_null(_is_curve), "a list of [step, number] pairs or null")
+SCORES = (_or_null(_is_scores), "a mapping of numbers or null")
+TRIAL_USER_ATTRS: dict[str, AttrType] = {
+    "wall_time_s": (is_number, "a number"),
+    "global_step": INT_OR_NULL, "collapsed_at": INT_OR_NULL,
+    **dict.fromkeys(("val_acc", "last_val_acc", "example_acc", "last_example_acc"),
+                    NUMBER_OR_NULL),
+    **dict.fromkeys(("val_curve", "example_curve", "loss_curve"), CURVE),
+    "slices": SCORES, "example_slices": SCORES,
+    "hparams": (_or_null(lambda v: isinstance(v, dict)), "a mapping or null"),
+    "converged": (_or_null(lambda v: isinstance(v, bool)), "true, false or null"),
+    **dict.fromkeys(("run_name", "fail_reason", "reused_from", "log_dir", "config", "device",
+                     "best_checkpoint", "last_checkpoint", "loss_curve_from"), TEXT),
+}
+"""The types of the trial user attrs the sweeps and their reports read (``sweeps/worker.py``
+records them)."""
+TRIAL_SYSTEM_ATTRS: dict[str, AttrType] = {
+    "retry_history": (lambda v: isinstance(v, list) and all(map(_is_int, v)),
+                      "a list of trial numbers"),
+    "failed_trial": (_is_int, "a trial number"),
+}
+"""The trial system attrs a retry reads (Optuna's stale retry, :mod:`sweeps.retry`); each
+``completed_rung_<k>``, the value the pruner compares at rung k, must be a number."""
+STUDY_USER_ATTRS: dict[str, AttrType] = dict.fromkeys(("profile", "size", "metric", "spec"), TEXT)
+"""The study user attrs :mod:`sweeps.study` records and reads."""
+
+
+def _check_attrs(attrs: dict[str, Any], types: dict[str, AttrType], field: str) -> None:
+    """Every attr of ``attrs`` that ``types`` names is of its type (others are not read)."""
+    for key, value in attrs.items():
+        if key in types and not types[key][0](value):
+            raise BadLine(f"{field}.{key} must be {types[key][1]}, got {value!r:.40}")
 
 
 def _count(value: Any, field: str) -> int:
@@ -91,13 +165,16 @@ def check_study_line(record: dict[str, Any]) -> None:
     if not (isinstance(directions, list) and directions
             and all(d in DIRECTIONS for d in directions)):
         raise BadLine(f"directions must be a list of {' or '.join(DIRECTIONS)}")
-    _check_ints(_mapping(record, "user_attrs"), "user_attrs")
+    user_attrs = _mapping(record, "user_attrs")
+    _check_ints(user_attrs, "user_attrs")
+    _check_attrs(user_attrs, STUDY_USER_ATTRS, "user_attrs")
 
 
 def check_trial_line(record: dict[str, Any], n_objectives: int) -> None:
     """A trial line: a known state, a number, values that are numbers (as many as the study's
     directions when complete), params with their distributions, a curve of (step, number)
-    pairs, ISO times and a grid point whose run folder is a plain name."""
+    pairs, ISO times, attrs of the types the sweeps read, and a grid point whose run folder is
+    a plain name."""
     unknown = sorted(set(record) - TRIAL_KEYS)
     if unknown:
         raise BadLine(f"unknown key(s) {', '.join(unknown)}")
@@ -121,6 +198,10 @@ def check_trial_line(record: dict[str, Any], n_objectives: int) -> None:
     for name, value in (("params", params), ("user_attrs", user_attrs),
                         ("system_attrs", system_attrs)):
         _check_ints(value, name)
+    _check_attrs(user_attrs, TRIAL_USER_ATTRS, "user_attrs")
+    _check_attrs(system_attrs, TRIAL_SYSTEM_ATTRS, "system_attrs")
+    _check_attrs(system_attrs, {k: (is_number, "a number") for k in system_attrs
+                                if k.startswith(RUNG_PREFIX)}, "system_attrs")
     curve = record.get("intermediate_values", [])
     if not (isinstance(curve, list) and all(
             isinstance(p, list) and len(p) == 2 and is_number(p[1]) for p in curve)):
@@ -164,4 +245,5 @@ def check_archive(path: Any, archive: dict[str, list[dict[str, Any]]]) -> None:
             numbers.add(record["number"])
 
 
-__all__ = ["BadLine", "check_archive", "check_study_line", "check_trial_line"]
+__all__ = ["MAX_KEY", "STUDY_USER_ATTRS", "TRIAL_SYSTEM_ATTRS", "TRIAL_USER_ATTRS", "BadLine",
+           "check_archive", "check_study_line", "check_trial_line"]

@@ -2,14 +2,18 @@
 
 import json
 import shutil
+import sqlite3
 
 import optuna
+import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
+from sqlalchemy.exc import OperationalError
 from test_loss_curves import log_losses
 from test_sweeps import sweep, write_spec
 
-from sweeps.archive import restore, save
+from sweeps.archive import check_not_half_restored, half_restored, restore, save
+from sweeps.storage import StorageError
 
 DISTS = {"model.lr": FloatDistribution(3e-3, 3e-3), "seed_everything": IntDistribution(0, 2)}
 
@@ -152,3 +156,204 @@ def test_a_run_recorded_without_its_loss_is_archived_with_its_event_files_curve(
     assert "loss_curve" not in attrs[1] and attrs[2] == {"log_dir": str(run),
                                                          "loss_curve": [[25, 1.0]]}
     assert "loss_curve" not in optuna.load_study(study_name="old", storage=url).trials[0].user_attrs
+
+
+def saved_lines(tmp_path, name: str = "s") -> tuple:
+    """:func:`a_study` saved to ``archive.jsonl``: the archive and its records."""
+    a_study(f"sqlite:///{tmp_path / 'a.db'}", name)
+    archive = tmp_path / "archive.jsonl"
+    save(f"sqlite:///{tmp_path / 'a.db'}", archive)
+    return archive, [json.loads(line) for line in archive.read_text().splitlines()]
+
+
+def cut_off_restore(archive, url: str, monkeypatch, after: int = 2) -> None:
+    """A restore whose storage goes away after ``after`` trials, so that deleting the half
+    study fails too (what a SIGKILL also leaves)."""
+    def lost(*_args, **_kwargs):
+        raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    add_trial = optuna.Study.add_trial
+    added = []
+
+    def add_some(study, trial):
+        if len(added) == after:
+            lost()
+        added.append(trial.number)
+        add_trial(study, trial)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(optuna.Study, "add_trial", add_some)
+        patch.setattr(optuna, "delete_study", lost)
+        with pytest.raises(OperationalError):
+            restore(archive, url)
+
+
+def test_a_restore_cut_off_part_way_is_refused_until_the_next_restore_redoes_it(
+        tmp_path, monkeypatch):
+    archive, _ = saved_lines(tmp_path)
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    cut_off_restore(archive, url, monkeypatch)
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 2  # half of it
+    assert half_restored(url) == {"s": str(archive)}
+    for names in (["s"], None):
+        with pytest.raises(StorageError, match=r"study s holds only part of its archive \(its "
+                           rf"restore was cut off\): rerun `python -m sweeps restore {archive}`"):
+            check_not_half_restored(url, names)
+    check_not_half_restored(url, ["other"])
+    with pytest.raises(StorageError, match="study s holds only part of its archive"):
+        save(url, tmp_path / "other.jsonl")  # it would be archived as if whole
+    assert not (tmp_path / "other.jsonl").exists()
+
+    said = []
+    assert restore(archive, url, say=said.append) == ({"s": 5}, [])
+    assert said == [f"restoring s again: its restore from {archive} was cut off with 2 "
+                    "trial(s) in"]
+    assert [t.number for t in optuna.load_study(study_name="s", storage=url).trials] == \
+        [0, 1, 2, 3, 4]
+    assert half_restored(url) == {}
+    check_not_half_restored(url)
+    assert restore(archive, url, say=said.append) == ({}, ["s"]) and len(said) == 1
+
+
+def test_the_command_restores_a_cut_off_study_again_and_says_so(tmp_path, monkeypatch):
+    archive, _ = saved_lines(tmp_path)
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    cut_off_restore(archive, url, monkeypatch, after=0)
+    out = sweep("restore", str(archive), "--storage", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"restoring s again: its restore from {archive} was cut off with 0 trial(s) in",
+        "restored s: 5 trial(s)"]
+
+
+def test_status_and_save_commands_refuse_a_half_restored_study_in_one_line(tmp_path,
+                                                                           monkeypatch):
+    archive, _ = saved_lines(tmp_path)
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    cut_off_restore(archive, url, monkeypatch)
+    for command in (["status"], ["save", str(tmp_path / "other.jsonl")]):
+        out = sweep(*command, "--storage", url, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith("error: study s holds only part of its archive")
+    assert not (tmp_path / "other.jsonl").exists()
+
+
+def test_the_save_command_drops_archived_runs_only_with_replace(tmp_path):
+    archive, _ = saved_lines(tmp_path)
+    before = archive.read_text()
+    fresh = f"sqlite:///{tmp_path / 'b.db'}"
+    study = optuna.create_study(study_name="s", storage=fresh, direction="maximize")
+    study.add_trial(create_trial(value=0.5, distributions=DISTS,
+                                 params={"model.lr": 3e-3, "seed_everything": 2}))
+    out = sweep("save", str(archive), "--storage", fresh, cwd=tmp_path)
+    assert out.returncode == 2 and "save with --replace s" in out.stderr
+    assert archive.read_text() == before
+    out = sweep("save", str(archive), "--replace", "s", "--storage", fresh, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("saved s: 1 trial(s)\n"), out.stderr
+
+
+def test_an_empty_study_left_as_a_restore_began_is_restored_but_a_kept_one_is_not(tmp_path):
+    archive, _ = saved_lines(tmp_path)
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    optuna.create_study(study_name="s", storage=url)  # killed before its mark was set
+    said = []
+    assert restore(archive, url, say=said.append) == ({"s": 5}, [])
+    assert said == ["restoring s again: the storage holds it empty (a restore cut off as it "
+                    "began)"]
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    optuna.create_study(study_name="s", storage=url).set_user_attr("profile", "smoke")
+    assert restore(archive, url, say=said.append) == ({}, ["s"]) and len(said) == 1
+
+
+def test_save_refuses_to_drop_archived_runs_the_storage_lacks(tmp_path):
+    archive, _ = saved_lines(tmp_path)  # machine A's: trial 0 complete, 1 pruned
+    before = archive.read_text()
+    fresh = f"sqlite:///{tmp_path / 'b.db'}"  # machine B started the study anew
+    study = optuna.create_study(study_name="s", storage=fresh, direction="maximize")
+    for seed in (0, 1):
+        study.add_trial(create_trial(value=0.5, distributions=DISTS,
+                                     params={"model.lr": 3e-3, "seed_everything": seed}))
+    with pytest.raises(StorageError) as err:
+        save(fresh, archive)
+    assert str(err.value) == (
+        f"{archive} holds 2 finished trial(s) of study s that this storage lacks (number 0, 1; "
+        "the storage has 2 trial(s)): saving would drop them, so nothing was saved; restore "
+        "the archive into a storage without s and go on there, or save with --replace s to "
+        "drop them")
+    assert archive.read_text() == before
+    assert save(fresh, archive, replace=["s"]) == {"s": 2}  # asked for: dropped
+    assert len(archive.read_text().splitlines()) == 3
+
+
+def test_save_after_restoring_keeps_every_run_and_adds_the_new_ones(tmp_path):
+    archive, lines = saved_lines(tmp_path)
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    restore(archive, url)
+    optuna.load_study(study_name="s", storage=url).add_trial(create_trial(
+        value=0.5, distributions=DISTS, params={"model.lr": 3e-3, "seed_everything": 1}))
+    with sqlite3.connect(tmp_path / "b.db") as db:  # the pruned run marked failed by hand, as
+        db.execute("UPDATE trials SET state = 'FAIL' WHERE number = 1")  # diagnosis trial 131
+    assert save(url, archive) == {"s": 6}
+    after = [json.loads(line) for line in archive.read_text().splitlines()]
+    assert after[1:] == [*lines[1:2], {**lines[2], "state": "FAIL"}, *lines[3:], after[-1]]
+    assert after[-1]["number"] == 5
+
+
+@pytest.mark.parametrize("line,where,key,value,needle", [
+    (5, "system_attrs", "retry_history", "oops",
+     "system_attrs.retry_history must be a list of trial numbers, got 'oops'"),
+    (5, "system_attrs", "retry_history", [0, "1"], "must be a list of trial numbers"),
+    (5, "system_attrs", "failed_trial", "0", "system_attrs.failed_trial must be a trial number"),
+    (2, "system_attrs", "completed_rung_0", "0.5",
+     "system_attrs.completed_rung_0 must be a number"),
+    (1, "user_attrs", "wall_time_s", "an hour",
+     "user_attrs.wall_time_s must be a number, got 'an hour'"),
+    (1, "user_attrs", "wall_time_s", None, "user_attrs.wall_time_s must be a number"),
+    (1, "user_attrs", "global_step", 1.5, "user_attrs.global_step must be an integer or null"),
+    (1, "user_attrs", "val_acc", "0.9", "user_attrs.val_acc must be a number or null"),
+    (1, "user_attrs", "val_curve", [[250, "0.5"]], "must be a list of [step, number] pairs"),
+    (1, "user_attrs", "loss_curve", [["25", 1.0]], "must be a list of [step, number] pairs"),
+    (1, "user_attrs", "slices", {"L64": "high"}, "user_attrs.slices must be a mapping of numbers"),
+    (1, "user_attrs", "hparams", ["d_model"], "user_attrs.hparams must be a mapping or null"),
+    (1, "user_attrs", "converged", "yes", "user_attrs.converged must be true, false or null"),
+    (1, "user_attrs", "last_checkpoint", 7, "user_attrs.last_checkpoint must be text or null"),
+    (0, "user_attrs", "size", 3, "user_attrs.size must be text or null"),
+    (1, "user_attrs", "k" * 513, 1, "user_attrs has a key of 513 characters ('kkkk"),
+    (0, "user_attrs", "k" * 600, 1, "longer than the database's 512"),
+    (1, "system_attrs", "a\0b", 1, "system_attrs has a key with a NUL character ('a\\x00b'), "
+     "which PostgreSQL cannot store"),
+    (1, "params", "x" * 513, 0.5, "params has a key of 513 characters"),
+])
+def test_attrs_of_a_type_the_sweeps_cannot_read_restore_nothing(tmp_path, line, where, key,
+                                                                value, needle):
+    """A retry's history that is not a list of numbers restored, then failed every `run` in
+    Optuna's stale retry; a wall time as text failed `status`; a key PostgreSQL refuses failed
+    the restore half-way."""
+    archive, lines = saved_lines(tmp_path)
+    lines[line][where][key] = value
+    if where == "params":
+        lines[line]["distributions"][key] = lines[line]["distributions"]["model.lr"]
+    archive.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    with pytest.raises(StorageError) as err:
+        restore(archive, url)
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert str(err.value).endswith("; nothing was restored")
+    assert optuna.get_all_study_names(url) == []
+
+
+def test_attrs_of_the_types_the_sweeps_record_restore(tmp_path):
+    archive, lines = saved_lines(tmp_path)
+    lines[0]["user_attrs"].update(size=None, metric="val/acc", spec="configs/sweeps/s.yaml")
+    lines[1]["user_attrs"].update(
+        {"k" * 512: 1, "global_step": 500, "val_acc": 0.75, "last_val_acc": None,
+         "example_acc": 1, "collapsed_at": None, "loss_curve": [[25, 2.5]], "slices": {"L64": 1},
+         "example_slices": None, "hparams": {"d_model": 64}, "converged": True, "device": "cpu",
+         "diverged": "loss is nan", "config": "model: {}\n", "reused_from": None})
+    lines[5]["system_attrs"].update(failed_trial=3, retry_history=[3])
+    archive.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    assert restore(archive, url) == ({"s": 5}, [])
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert trials[0].user_attrs == lines[1]["user_attrs"]
+    assert trials[4].system_attrs["retry_history"] == [3]
