@@ -9,6 +9,7 @@ arbench (any importable :class:`~arbench.featuremaps.FeatureMap` subclass).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,10 +96,27 @@ class MethodConfig:
         return feature_map_class(self.class_path)(head_dim, **self.kwargs)
 
 
+def check_init_args(cls: type[FeatureMap], init_args: Mapping[str, Any], where: str) -> None:
+    """``ValueError`` (one line, starting with ``where``) naming each key of ``init_args`` that
+    ``cls(head_dim, ...)`` does not take; a class taking ``**kwargs`` takes any."""
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: leave it to the call
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    known = [p.name for p in params[1:]  # the first is head_dim, given by the caller
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    unknown = sorted(str(k) for k in init_args if k not in known)
+    if unknown:
+        raise ValueError(f"{where}: {cls.__name__} has no init arg(s) {', '.join(unknown)} "
+                         f"(it takes {', '.join(known) or 'none'})")
+
+
 def load_method_config(path: str | Path) -> MethodConfig:
     """Read a method config's ``model.feature_map`` block and its run name
     (``trainer.logger.init_args.name``, else the file's stem); ``ValueError`` (one line) for a
-    missing file or block, or a class that is not a FeatureMap."""
+    missing file or block, a class that is not a FeatureMap, or an init arg it does not take."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -114,12 +132,13 @@ def load_method_config(path: str | Path) -> MethodConfig:
     init_args = block.get("init_args") or {}
     if not isinstance(init_args, dict):
         raise ValueError(f"method config {path}: model.feature_map.init_args must be a mapping")
-    feature_map_class(str(block["class_path"]))
+    check_init_args(feature_map_class(str(block["class_path"])), init_args,
+                    f"method config {path}: model.feature_map.init_args")
     logger = ((raw.get("trainer") or {}).get("logger") or {})
     name = ((logger.get("init_args") or {}).get("name") if isinstance(logger, dict) else None)
     return MethodConfig(str(name or path.stem), str(block["class_path"]),
                         tuple(sorted(init_args.items())), str(path))
 
 
-__all__ = ["FEATURE_MAPS", "FEATURE_MIXERS", "MIXERS", "MethodConfig", "feature_map_class",
-           "load_method_config"]
+__all__ = ["FEATURE_MAPS", "FEATURE_MIXERS", "MIXERS", "MethodConfig", "check_init_args",
+           "feature_map_class", "load_method_config"]

@@ -10,7 +10,7 @@ from paths import SMOKE, config
 
 from arbench.cli import run
 from arbench.featuremaps import LLoPS
-from arbench.registry import FEATURE_MAPS, feature_map_class, load_method_config
+from arbench.registry import FEATURE_MAPS, check_init_args, feature_map_class, load_method_config
 
 OUTSIDE = '''
 import torch
@@ -125,3 +125,29 @@ def test_method_config_names_must_not_clash(tmp_path):
         method_list(smoke_config(method_configs=(str(clash),)))
     names = [m.name for m in method_list(smoke_config(method_configs=(config("p4.yaml"),)))]
     assert names == ["p4"]
+
+
+@pytest.mark.parametrize("command", ["bench", "approx"])
+def test_unknown_init_arg_is_one_line_before_any_work(command, tmp_path, capsys):
+    """A mistyped init arg names the file, the class and the key, before a fit or a timing."""
+    from arbench.approx.cli import main as approx_main  # here: the two CLIs under test
+    from arbench.bench.__main__ import main as bench_main  # here: the two CLIs under test
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  feature_map:\n    class_path: arbench.featuremaps.LLoPS\n"
+                   "    init_args: {m: 16, p: 2, bogus: 1, zz: 2}\n")
+    out = str(tmp_path / "out")
+    if command == "bench":
+        with pytest.raises(SystemExit) as stop:
+            bench_main(["--smoke", "--method-config", str(bad), "--out", out])
+        assert stop.value.code == 2
+    else:
+        assert approx_main(["--synthetic", "--method-config", str(bad), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: method config {bad}: model.feature_map.init_args: LLoPS has "
+                          "no init arg(s) bogus, zz (it takes ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="has no init arg"):
+        check_init_args(LLoPS, {"m": 4, "nope": 1}, "x")
+    check_init_args(LLoPS, {"m": 4, "p": 2}, "x")

@@ -12,7 +12,7 @@ import torch
 
 from arbench.approx.extract import extract_from_teacher, load_teacher, softmax_layers
 from arbench.approx.fit import FitConfig
-from arbench.approx.ledger import Ledger, key
+from arbench.approx.ledger import LEDGER_NAME, Ledger, key
 from arbench.approx.polish import PolishConfig
 from arbench.approx.qkset import QKSet, load_qk, save_qk
 from arbench.approx.report import markdown_table, remove_report, write_report
@@ -232,6 +232,21 @@ def notes(cfg: ApproxConfig, qk: QKSet, config: StudyConfig) -> list[str]:
     ]
 
 
+TABLE_FILES = ("table.md", "table.csv")
+"""The study's tables: a folder holding one of them but no records file was not written by
+this version of the study (e.g. the committed ``results/approx``)."""
+
+
+def check_own_folder(out: str | Path) -> None:
+    """``ValueError`` (one line) if ``out`` holds the study's tables but no records file: they
+    were written by another run or an older version, and this run would overwrite them."""
+    folder = Path(out)
+    found = [name for name in TABLE_FILES if (folder / name).exists()]
+    if found and not (folder / LEDGER_NAME).exists():
+        raise ValueError(f"--out {out} holds {' and '.join(found)} but no {LEDGER_NAME}: "
+                         "written by another run or an older version; give another --out")
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse, run the study, write the outputs; raises ``ValueError`` for bad input."""
     cfg = parse(argv)
@@ -243,6 +258,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not cfg.qk:  # a saved extraction's training-only count is known once it is loaded
         check_val_seqs(cfg.val_seqs, cfg.train_seqs)
     check_writable(cfg.out, "--out")
+    check_own_folder(cfg.out)
     if cfg.save_qk:
         check_writable(Path(cfg.save_qk).parent, "--save-qk")
     qk = load_source(cfg)

@@ -10,6 +10,7 @@ metrics of the polynomial maps and the floor do not depend on this scale.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -206,6 +207,28 @@ def fit_summary(result: FitResult) -> str:
             f"|grad| {result.grad_norm:.2g}")
 
 
+PROGRESS_SECONDS = 60.0
+"""With ``--log-every 0`` a fit still prints its latest step or sweep line this often."""
+
+
+class Progress:
+    """A log of a fit's per-step and per-sweep lines that passes one on only once
+    ``interval`` seconds of wall time have passed since the fit began or since the last one
+    passed (short fits, e.g. in tests, print nothing). It only prints lines the fit writes
+    from values it has computed anyway: no extra draw or evaluation, so no number changes."""
+
+    def __init__(self, log: Log, interval: float | None = None) -> None:
+        self.log = log
+        self.interval = PROGRESS_SECONDS if interval is None else interval
+        self.began = self.last = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.log(f"{line} ({now - self.began:.0f} s into the fit)")
+
+
 def method_records(split: Split, p: int, layer: int, head: int, config: StudyConfig,
                    log: Log | None = None, floor_fro: float | None = None,
                    ledger: Ledger | None = None) -> list[Record]:
@@ -226,8 +249,11 @@ def method_records(split: Split, p: int, layer: int, head: int, config: StudyCon
                 log(f"{tag}: from {ledger.path}, held-out RMAE {stored.rmae:.4f}")
             continue
         val = None if split.q_val is None else (split.q_val, split.k_val)
+        fit, fit_log = config.fit, log
+        if log and not fit.log_every:  # no per-step lines asked for: one a minute
+            fit, fit_log = replace(fit, log_every=1), Progress(log)
         fitted = fit_best(build, split.q_train, split.k_train, lambda x, y: poly_kernel(x, y, p),
-                          config.fit, config.lrs or (config.fit.lr,), log, tag, val)
+                          fit, config.lrs or (config.fit.lr,), fit_log, tag, val)
         if fitted is None:
             if log:
                 log(f"{tag}: skipped (no r with C(r+p-1, p) <= m={config.m})")

@@ -28,7 +28,12 @@ def parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The smoke or default profile, overridden by the options given."""
     cfg = replace(smoke_config() if args.smoke else BenchConfig(), **given(args, BenchConfig))
-    if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        raise ValueError(f"--device {cfg.device}: not a torch device (e.g. cpu, cuda, "
+                         "cuda:0)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {cfg.device}: CUDA is not available here")
     return cfg
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from arbench.checks import CliError, OneLineParser
-from arbench.ckpt_check import load_tensors
+from arbench.ckpt_check import check_checkpoint, load_tensors
 from arbench.cli import build_cli
 from arbench.model import RecallModel
 from arbench.noise import quiet_known_noise
@@ -167,6 +167,24 @@ def compare(model: RecallModel, batches: list[tuple[torch.Tensor, torch.Tensor]]
     return rows
 
 
+def load_error_reason(err: RuntimeError, shown: int = 3) -> str:
+    """``load_state_dict``'s error on one line: its size mismatches (key and both shapes), then
+    its unexpected and missing keys (how many, the first ``shown``); its first line alone names
+    none of them."""
+    lines = [line.strip().rstrip(".") for line in str(err).splitlines()[1:] if line.strip()]
+    sizes = [line for line in lines if line.startswith("size mismatch")]
+    parts = [line.replace("copying a param with shape", "checkpoint")
+             .replace(" from checkpoint,", ",").replace("the shape in current model is", "model")
+             for line in sizes]
+    for line in lines:
+        head, sep, keys = line.partition(" in state_dict: ")
+        if sep:
+            names = [k.strip().strip('"') for k in keys.split(",") if k.strip()]
+            more = f", … ({len(names)} in all)" if len(names) > shown else ""
+            parts.append(f"{head.lower()} {', '.join(names[:shown])}{more}")
+    return "; ".join(parts) or str(err).splitlines()[0]
+
+
 def build(configs: list[str], sets: list[str], ckpt: str | None,
           ) -> tuple[RecallModel, Any]:
     """The model and datamodule ``main.py fit --config …`` builds (the default profile when
@@ -195,13 +213,16 @@ def build(configs: list[str], sets: list[str], ckpt: str | None,
         weights = state.get("state_dict", state) if isinstance(state, dict) else None
         if not isinstance(weights, dict):
             raise CliError(f"--ckpt {ckpt}: no state_dict in it")
+        if isinstance(state, dict) and "state_dict" in state:  # a Lightning checkpoint
+            # as main.py validate: every saved model hyperparameter must be the config's
+            check_checkpoint(ckpt, "validate", cli.config.model.as_dict())
         model_weights = {k.removeprefix("model."): v for k, v in weights.items()
                          if k.startswith("model.")}
         try:
             lit.model.load_state_dict(model_weights)
         except RuntimeError as err:
             raise CliError(f"--ckpt {ckpt} does not fit this model: "
-                           f"{str(err).splitlines()[0]}") from None
+                           f"{load_error_reason(err)}") from None
     return lit.model, data
 
 

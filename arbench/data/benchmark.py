@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from arbench.checks import OneLineParser
+from arbench.checks import OneLineParser, check_int
 from arbench.data.mqar import generate_mqar
 
 
@@ -36,7 +36,10 @@ def per_example_numpy(num_examples: int, seq_len: int, n: int, vocab: int, seed:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = OneLineParser(description=__doc__.splitlines()[0])
+    """Parse ``argv``, time the generator and the baseline, print both; bad input: one
+    ``error:`` line and exit status 2."""
+    ap = OneLineParser(prog="python -m arbench.data.benchmark",
+                       description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100_000)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=8)
@@ -45,6 +48,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-examples", type=int, default=5_000,
                     help="examples timed for the per-example baseline (0 to skip)")
     args = ap.parse_args(argv)
+    try:
+        for flag, minimum in (("--examples", 1), ("--seq-len", 1), ("--pairs", 1),
+                              ("--vocab", 1), ("--repeats", 1), ("--baseline-examples", 0)):
+            check_int(flag, getattr(args, flag[2:].replace("-", "_")), minimum)
+        generate_mqar(1, args.seq_len, args.pairs, vocab_size=args.vocab, seed=0)  # sizes
+    except ValueError as err:
+        ap.error(str(err).splitlines()[0])
     times = []
     for r in range(args.repeats):
         t0 = time.perf_counter()

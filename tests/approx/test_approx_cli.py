@@ -1,10 +1,12 @@
 import csv
+from pathlib import Path
 
 import pytest
 import torch
 from approx_helpers import fake_lit, tiny_model
 from hostile import hostile_checkpoint
 
+import arbench.approx.cli as cli
 from arbench.approx.cli import main
 from arbench.approx.extract import extract_from_teacher
 from arbench.approx.qkset import save_qk
@@ -128,3 +130,37 @@ def test_saved_extraction_needs_existing_layer(tmp_path, capsys):
     path = save_qk(qk, tmp_path / "qk.pt")
     assert main(["--qk", str(path), "--layers", "1", "--out", str(tmp_path / "o")]) == 2
     assert "error: layer 1 is not in the saved extraction" in capsys.readouterr().err
+
+
+def test_refuses_a_folder_of_tables_without_records(tmp_path, monkeypatch, capsys):
+    """Tables but no records.jsonl (another run's, an older version's): refused before any
+    extraction or fit, the tables untouched; records beside them, or no tables, pass."""
+
+    def no_fit(cfg):
+        raise AssertionError("loaded queries/keys before refusing the folder")
+
+    monkeypatch.setattr(cli, "load_source", no_fit)
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "table.md").write_text("committed\n")
+    assert main(["--synthetic", "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out} holds table.md but no records.jsonl: written by another "
+                   "run or an older version; give another --out\n")
+    assert (out / "table.md").read_text() == "committed\n"
+    (out / "records.jsonl").write_text("")
+    cli.check_own_folder(out)  # a folder of this study's records is resumed
+    cli.check_own_folder(tmp_path / "new")
+
+
+def test_default_out_keeps_the_committed_tables(monkeypatch, capsys):
+    """The default --out is the committed results/approx (its teacher, tables, no records):
+    a run without --out is refused there in one line."""
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert Path("results/approx/table.md").exists()
+    monkeypatch.setattr(cli, "load_source", lambda cfg: pytest.fail("would fit and write"))
+    assert main(["--synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out results/approx holds table.md and table.csv but no "
+                          "records.jsonl") and err.count("\n") == 1

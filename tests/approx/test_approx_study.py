@@ -85,3 +85,37 @@ def test_more_validation_sequences_than_training_only_ones_is_one_line():
     q = torch.randn(8, 8, 3)
     with pytest.raises(ValueError, match="--val-seqs 3 needs as many training-only sequences"):
         split_pairs(q, q, StudyConfig(val_seqs=3), train_only=2)
+
+
+def test_progress_lines_change_no_number_and_wait_for_their_interval(monkeypatch):
+    """With --log-every 0 a fit prints its latest step / sweep line once the interval has
+    passed (here 0 s: every line); the records are those of a quiet run, bit for bit, and at
+    the default interval a short fit prints no progress line at all."""
+    from arbench.approx import study  # here: the module whose interval is patched
+    from arbench.approx.fit import FitConfig  # here: a tiny fit budget
+    from arbench.approx.polish import PolishConfig  # here: a tiny polish budget
+    from arbench.approx.starts import StartConfig  # here: a tiny ALS budget
+
+    qk = synthetic_qk([0], head_dim=4, num_seqs=4, seq_len=16, seed=3)
+    config = StudyConfig(ps=(2,), m=6, ranks=(1,), n_train=64, n_test=32,
+                         methods=("llops", "flatten"), fit=FitConfig(
+                             steps=12, check_every=4, batch=32, start=StartConfig(sweeps=3),
+                             polish=PolishConfig(steps=3)))
+
+    def records(interval: float) -> tuple[list, list[str]]:
+        monkeypatch.setattr(study, "PROGRESS_SECONDS", interval)
+        lines: list[str] = []
+        return study.run_study(qk, config, lines.append), lines
+
+    quiet, quiet_lines = records(60.0)
+    loud, loud_lines = records(0.0)
+    assert [(r.method, r.rmae, r.rel_frobenius, r.fit_steps) for r in loud] == \
+        [(r.method, r.rmae, r.rel_frobenius, r.fit_steps) for r in quiet]
+    assert not any("into the fit" in line for line in quiet_lines)
+    progress = [line for line in loud_lines if line.endswith(" s into the fit)")]
+    assert any(": ALS sweep 1 loss " in line for line in progress)
+    assert any("Flatten: step 4/12 loss " in line for line in progress)
+    def untimed(lines: list[str]) -> list[str]:
+        return [line.rsplit(", ", 1)[0] for line in lines]  # the fit's seconds differ
+
+    assert untimed([line for line in loud_lines if line not in progress]) == untimed(quiet_lines)

@@ -211,6 +211,7 @@ def test_profile_groups_operators_and_counts_matmul_flops():
     (["--chunk-sizes", "0"], "error: --chunk-sizes must be >= 1, got 0"),
     (["--seq-lens", "64", "-8"], "error: --seq-lens must be >= 1, got -8"),
     (["--min-sample-s", "-0.5"], "error: --min-sample-s must be >= 0, got -0.5"),
+    (["--device", "gpu"], "error: --device gpu: not a torch device (e.g. cpu, cuda, cuda:0)"),
 ])
 def test_bench_cli_bad_sizes_one_line(capsys, argv, message):
     from arbench.bench.__main__ import main

@@ -110,4 +110,20 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, capsys):
     ckpt = tmp_path / "other.ckpt"
     torch.save({"state_dict": {"model.embed.weight": torch.zeros(3, 3)}}, ckpt)
     assert gp.main([*SMOKE_ARGS, "--ckpt", str(ckpt), "--out", str(tmp_path)]) == 2
-    assert "does not fit this model" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: --ckpt {ckpt} does not fit this model: size mismatch for ")
+    # the reason names the keys and shapes, not only "Error(s) in loading state_dict"
+    assert "size mismatch for embed.weight: checkpoint torch.Size([3, 3]), model" in err
+    assert "missing key(s) " in err
+
+
+def test_checkpoint_trained_with_other_settings_names_them(tmp_path, capsys):
+    """As main.py validate: the saved hyperparameters that differ from the config, one line."""
+    ckpt = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"model.embed.weight": torch.zeros(3, 3)},
+                "hyper_parameters": {"d_model": 99, "n_layers": 7, "lr": 1.0}}, ckpt)
+    assert gp.main([*SMOKE_ARGS, "--ckpt", str(ckpt), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: checkpoint {ckpt} was trained with model.d_model=99 "
+                              "(the config has 32); model.n_layers=7 (the config has 2): ")
+    assert not (tmp_path / "o").exists()
