@@ -22,6 +22,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from arbench.checkpointing import LatestCheckpoint
 from arbench.checks import CliError, check_writable
@@ -48,6 +49,8 @@ TRAINER_DEFAULTS = {
     "use_distributed_sampler": False,  # MQARDataModule shards by itself (no eval padding)
 }
 GiB = 2**30
+SIGTERM_EXIT = 143
+"""Exit status of a run stopped by SIGTERM (``kill <pid>``): 128 + 15, as a shell reports it."""
 
 
 def checkpoints_by_run_name(trainer) -> None:
@@ -105,10 +108,18 @@ class ArbenchCLI(LightningCLI):
     """LightningCLI with linked vocab/seed, one-line errors, resumable checkpoints, a default
     profile and a report of what each run found (:mod:`arbench.report`)."""
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands but ``predict`` (LitRecall has no prediction step)."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items()
+                if name != "predict"}
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(LatestCheckpoint, "checkpoint")
+        # no version counter: every run of a name writes the same last.ckpt (the latest run's)
         parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max",
-                             "checkpoint.save_last": True, "checkpoint.filename": "best-{step}"})
+                             "checkpoint.save_last": True, "checkpoint.filename": "best-{step}",
+                             "checkpoint.enable_version_counter": False})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.link_arguments("data.vocab_size", "model.vocab_size")
@@ -137,7 +148,14 @@ class ArbenchCLI(LightningCLI):
     def _check_run(self, subcommand: str, cfg) -> None:
         for save_dir in _logger_dirs(cfg.trainer.get("logger")):
             check_writable(save_dir, "--trainer.logger.init_args.save_dir")
+        interval = cfg.trainer.get("val_check_interval")
+        if isinstance(interval, (int, float)) and not interval > 0:  # or a time (str, dict)
+            raise CliError(f"--trainer.val_check_interval must be > 0 (training steps, or a "
+                           f"fraction of an epoch), got {interval}")
         ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path == "best":
+            raise CliError("--ckpt_path best needs a fit in this process; give a checkpoint "
+                           "file or `last`")
         if cfg.get("weights_only") is False:
             raise CliError("--weights_only false would let a checkpoint run code when it is "
                            "loaded: arbench loads checkpoints as tensors only (leave it out)")
@@ -152,7 +170,7 @@ class ArbenchCLI(LightningCLI):
                 cfg.ckpt_path = None
                 return
             ckpt_path = str(found)
-        elif ckpt_path in (None, "best", "hpc") or str(ckpt_path).startswith("registry"):
+        elif ckpt_path in (None, "hpc") or str(ckpt_path).startswith("registry"):
             return
         check_checkpoint(str(ckpt_path), subcommand, cfg.model.as_dict())
 
@@ -187,8 +205,30 @@ class ArbenchCLI(LightningCLI):
         if not any(isinstance(cb, EndOfRunReport) for cb in self.trainer.callbacks):
             self.trainer.callbacks.append(EndOfRunReport())
 
+    def _prepare_model(self) -> None:
+        """The model's checks that need the data and its warm start (``init_from``), before
+        Lightning's set-up creates the run folder, so that they fail with nothing written."""
+        ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        self.model.prepare(self.datamodule, resuming=ckpt_path is not None)
+
+    def _note_replaced_last(self) -> None:
+        """Say which ``last.ckpt`` of an earlier run this fit will replace (not one it
+        resumes)."""
+        ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        for cb in self.trainer.checkpoint_callbacks:
+            if not (isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath):
+                continue
+            last = Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+            resumed = ckpt_path == "last" or (
+                ckpt_path is not None and Path(ckpt_path).resolve() == last.resolve())
+            if last.is_file() and not resumed and self.trainer.is_global_zero:
+                print(f"note: this fit replaces {last}, an earlier run's last checkpoint "
+                      "(--ckpt_path last would resume it)", file=sys.stderr)
+
     def before_fit(self) -> None:
+        self._prepare_model()
         checkpoints_by_run_name(self.trainer)
+        self._note_replaced_last()
         self._report_at_the_end()
         slow = bf16_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if slow and self.trainer.is_global_zero:
@@ -197,11 +237,13 @@ class ArbenchCLI(LightningCLI):
             quiet_resume_warning()
 
     def before_validate(self) -> None:
+        self._prepare_model()
         checkpoints_by_run_name(self.trainer)  # else Lightning warns that the dirpath changed
         self._report_at_the_end()
         quiet_evaluation_dirpath_warning()  # as it does for a checkpoint from another folder
 
     def before_test(self) -> None:
+        self._prepare_model()
         checkpoints_by_run_name(self.trainer)
         self._report_at_the_end()
         quiet_evaluation_dirpath_warning()
@@ -224,7 +266,8 @@ def build_cli(args: list[str] | None = None, run: bool = True,
 
 
 def run(args: list[str] | None = None) -> ArbenchCLI | None:
-    """Run the CLI; bad input or a divergence prints one line and exits non-zero."""
+    """Run the CLI; bad input or a divergence prints one line and exits non-zero; a fit
+    stopped by SIGTERM exits with :data:`SIGTERM_EXIT` (its report says so)."""
     keep_heap()
     quiet_known_noise()
     try:
@@ -238,3 +281,5 @@ def run(args: list[str] | None = None) -> ArbenchCLI | None:
     except DivergenceError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
+    except SIGTERMException:  # a SystemExit without a code: it would exit 0
+        sys.exit(SIGTERM_EXIT)

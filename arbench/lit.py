@@ -132,21 +132,35 @@ class LitRecall(L.LightningModule):
         self.slice_names: list[str] = []
         self._tokens_seen = 0
         self._t_last: float | None = None
+        self._prepared = False
+        self._converted: list[str] | None = None  # the warm start's BASED maps, until printed
 
     # ---- data-dependent set-up -------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        if self.hparams.init_from and self.trainer.ckpt_path is None:
-            converted = warm_start(self.model, self.hparams.init_from,
-                                   self.hparams.init_spare_std)
-            if self.trainer.is_global_zero:
-                what = f", {', '.join(converted)} embedded from BASED" if converted else ""
-                print(f"initialised from {self.hparams.init_from}{what}")
-        dm = getattr(self.trainer, "datamodule", None)
-        segments = [*getattr(dm, "train_segments", []), *getattr(dm, "test_segments", [])]
+    def prepare(self, datamodule: object | None, resuming: bool) -> None:
+        """Check the positions against ``datamodule``'s segments and warm start from
+        ``init_from`` (unless ``resuming`` from a checkpoint); once. The CLI calls it before
+        Lightning's set-up writes the run folder, :meth:`setup` otherwise. Raises
+        :class:`CliError` or :class:`~arbench.warmstart.WarmStartError` (one line)."""
+        if self._prepared:
+            return
+        segments = [*getattr(datamodule, "train_segments", []),
+                    *getattr(datamodule, "test_segments", [])]
         try:
             self.model.check_positions(max((s.seq_len for s in segments), default=0))
         except ValueError as err:
             raise CliError(str(err)) from None
+        if self.hparams.init_from and not resuming:
+            self._converted = warm_start(self.model, self.hparams.init_from,
+                                         self.hparams.init_spare_std)
+        self._prepared = True
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        self.prepare(dm, resuming=self.trainer.ckpt_path is not None)
+        if self._converted is not None and self.trainer.is_global_zero:
+            converted, self._converted = self._converted, None
+            what = f", {', '.join(converted)} embedded from BASED" if converted else ""
+            print(f"initialised from {self.hparams.init_from}{what}")
         names = list(getattr(dm, "slice_names", []))
         if names and names != self.slice_names:
             self.slice_names = names

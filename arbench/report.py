@@ -3,8 +3,9 @@ last, saying what the run found.
 
 :class:`EndOfRunReport` (a callback the CLI adds; sweeps never do) gathers a :class:`RunResult`
 when the run ends (Lightning's ``teardown``, after its own closing lines and results table) or
-is stopped by Ctrl-C (``on_exception`` with a ``KeyboardInterrupt``, after :class:`RunSummary`
-has written what the run reached), and :func:`format_report` turns it into text: best and last
+is stopped by Ctrl-C or SIGTERM (``on_exception`` with a ``KeyboardInterrupt`` or Lightning's
+``SIGTERMException``, after :class:`RunSummary` has written what the run reached), and
+:func:`format_report` turns it into text: best and last
 accuracy per answer token and zoology's per example (``val/example_acc``, at its own best
 validation), any other ``<prefix>/acc_*`` metric that is not a slice, per-slice accuracy as a
 table, the
@@ -22,6 +23,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from arbench.ckpt_check import read_checkpoint
 from arbench.curves import COLLAPSE_HIGH, COLLAPSE_LOW, CONVERGED_RISE, STOP_THRESHOLD
@@ -38,7 +40,8 @@ class RunResult:
 
     ``best`` and ``last``: the metrics of the best and the last evaluation (``<prefix>/acc``,
     ``<prefix>/acc_<slice>``, other ``<prefix>/acc_*`` metrics, and ``step`` for fit), as
-    fractions in [0, 1]; ``best`` is empty for ``validate`` and ``test`` (one evaluation).
+    fractions in [0, 1]; ``stopped_by``: what stopped an ``interrupted`` run (``Ctrl-C``,
+    ``SIGTERM``); ``best`` is empty for ``validate`` and ``test`` (one evaluation).
     ``wall_time_s``: the run's wall time in seconds, including the runs it resumes;
     ``process_s`` and ``tokens``: this process's seconds and tokens (trained for fit,
     evaluated otherwise). Paths are None when the file does not exist.
@@ -59,6 +62,7 @@ class RunResult:
     log_dir: str | None = None
     summary: str | None = None
     checkpoints: dict[str, tuple[str, int]] = field(default_factory=dict)  # label -> (path, step)
+    stopped_by: str = "Ctrl-C"
 
 
 def _percent(value: float | None) -> str:
@@ -145,7 +149,7 @@ def _time_lines(result: RunResult) -> list[str]:
 
 def format_report(result: RunResult) -> str:
     """The report's lines (see the module docstring), ending with the ``tensorboard`` line."""
-    status = "stopped by Ctrl-C" if result.interrupted else "finished"
+    status = f"stopped by {result.stopped_by}" if result.interrupted else "finished"
     where = f" ({result.log_dir})" if result.log_dir else ""
     reached = f"at step {result.step}" if result.stage == "fit" else \
         f"(the model of training step {result.step})"
@@ -187,7 +191,7 @@ def _checkpoint_step(path: str) -> int:
 
 class EndOfRunReport(Callback):
     """Prints :func:`format_report` on rank 0 when ``fit``, ``validate`` or ``test`` ends or
-    is stopped by Ctrl-C. Counts this process's tokens (inputs, ``(batch, seq)`` per batch):
+    is stopped by Ctrl-C or SIGTERM. Counts this process's tokens (inputs, ``(batch, seq)`` per batch):
     trained during fit, evaluated during validate and test."""
 
     def __init__(self) -> None:
@@ -238,14 +242,18 @@ class EndOfRunReport(Callback):
                      exception: BaseException) -> None:
         if isinstance(exception, KeyboardInterrupt):
             self.report(trainer, pl_module, interrupted=True)
+        elif isinstance(exception, SIGTERMException):
+            self.report(trainer, pl_module, interrupted=True, stopped_by="SIGTERM")
 
-    def report(self, trainer: L.Trainer, pl_module: L.LightningModule, interrupted: bool) -> None:
+    def report(self, trainer: L.Trainer, pl_module: L.LightningModule, interrupted: bool,
+               stopped_by: str = "Ctrl-C") -> None:
         """Print the report (rank 0 only; nothing for ``predict``)."""
         stage = STAGES.get(trainer.state.fn)
         if stage is None or not trainer.is_global_zero:
             return
-        print("\n" + format_report(self.result(trainer, pl_module, stage, interrupted)),
-              flush=True)
+        result = self.result(trainer, pl_module, stage, interrupted)
+        result.stopped_by = stopped_by
+        print("\n" + format_report(result), flush=True)
 
     def result(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str,
                interrupted: bool) -> RunResult:

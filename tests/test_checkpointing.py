@@ -1,5 +1,6 @@
 """``last.ckpt`` follows every validation, also when the monitored val/acc did not improve."""
 
+import pytest
 import torch
 from paths import SMOKE, config
 
@@ -27,3 +28,21 @@ def test_last_checkpoint_follows_validations_once_per_epoch_too(in_tmp):
     ckpts = in_tmp / "runs/p4/checkpoints"
     assert [p.name for p in ckpts.glob("best-*.ckpt")] == ["best-step=4.ckpt"]
     assert torch.load(ckpts / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
+def test_second_fit_of_a_name_replaces_last_ckpt(in_tmp, capsys):
+    """A new fit of a name writes ``last.ckpt`` itself (no ``last-v1.ckpt``), so
+    ``--ckpt_path runs/p4/checkpoints/last.ckpt`` is the latest run's; it says it replaces one."""
+    fast = ["--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    run(["fit", "--config", config("p4.yaml"), *SMOKE, *fast, "--trainer.max_steps", "2"])
+    assert "note: this fit replaces" not in capsys.readouterr().err
+    run(["fit", "--config", config("p4.yaml"), *SMOKE, *fast, "--trainer.max_steps", "4",
+         "--model.lr", "0.002"])
+    ckpts = in_tmp / "runs/p4/checkpoints"
+    assert sorted(p.name for p in ckpts.glob("last*.ckpt")) == ["last.ckpt"]
+    last = torch.load(ckpts / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 4
+    assert last["hyper_parameters"]["lr"] == pytest.approx(0.002)
+    err = capsys.readouterr().err
+    assert "note: this fit replaces runs/p4/checkpoints/last.ckpt, an earlier run's" in err

@@ -44,6 +44,15 @@ def p4_ckpt(tmp_path_factory) -> Path:
     return folder / "p4" / "checkpoints" / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def based_ckpt(tmp_path_factory) -> Path:
+    """``last.ckpt`` of a 2-step smoke fit of BASED."""
+    folder = tmp_path_factory.mktemp("based")
+    run(["fit", "--config", config("based.yaml"), *SMOKE, *FAST,
+         f"--trainer.logger.init_args.save_dir={folder}"])
+    return folder / "based" / "checkpoints" / "last.ckpt"
+
+
 # ---- case 1, 2: a checkpoint must match the configuration ----------------------------------
 def test_ckpt_of_another_method_is_refused(in_tmp, capsys, p4_ckpt):
     line = one_error(capsys, ["test", "--config", config("based.yaml"), *SMOKE,
@@ -250,3 +259,42 @@ def test_argparse_clis_report_a_usage_error_in_one_line(capsys, module):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert "usage:" not in err and prog in err and "--help" in err
+
+
+# ---- bad values found before the run folder is written --------------------------------------
+@pytest.mark.parametrize("value", ["0", "-2", "-0.5"])
+def test_non_positive_val_check_interval(in_tmp, capsys, value):
+    line = one_error(capsys, ["fit", *P4, "--trainer.val_check_interval", value])
+    assert line == ("error: --trainer.val_check_interval must be > 0 (training steps, or a "
+                    f"fraction of an epoch), got {value}")
+    assert not (in_tmp / "runs").exists()
+
+
+@pytest.mark.parametrize("subcommand", ["test", "validate"])
+def test_ckpt_path_best_without_a_fit(in_tmp, capsys, subcommand):
+    line = one_error(capsys, [subcommand, *P4, "--ckpt_path", "best"])
+    assert line == ("error: --ckpt_path best needs a fit in this process; give a checkpoint "
+                    "file or `last`")
+    assert not (in_tmp / "runs").exists()
+
+
+def test_predict_is_not_a_subcommand(in_tmp, capsys):
+    line = one_error(capsys, ["predict", *P4])
+    assert "invalid choice: 'predict' (choose from 'fit', 'validate', 'test')" in line
+    assert not (in_tmp / "runs").exists()
+
+
+def test_init_from_and_positions_fail_before_the_run_folder(in_tmp, capsys, p4_ckpt,
+                                                            based_ckpt):
+    cases = [
+        (["--model.init_from", "nope.ckpt"], "error: init_from: no checkpoint at nope.ckpt"),
+        (["--model.init_from", str(p4_ckpt), "--model.d_model", "64"],
+         "error: init_from: embed.weight is (64, 32) in the checkpoint and (64, 64) here"),
+        (["--model.init_from", str(based_ckpt)], "embedding it needs an affine rank-1 LLoPS map"),
+        (["--model.max_position_embeddings", "16"],
+         "error: a sequence of 64 tokens is longer than model.max_position_embeddings=16"),
+    ]
+    for args, needle in cases:
+        for subcommand in ("fit", "test"):
+            assert needle in one_error(capsys, [subcommand, *P4, *args]), args
+            assert not (in_tmp / "runs").exists(), (subcommand, args)

@@ -5,12 +5,14 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from paths import SMOKE, config
+from paths import ROOT, SMOKE, config
 
 from arbench.cli import run
 from arbench.report import RunResult, format_report
@@ -27,6 +29,17 @@ class SigintAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class SigtermAtStep(L.Callback):
+    """Sends this process a real SIGTERM (``kill <pid>``) after training step ``step``."""
+
+    def __init__(self, step: int = 1):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(*args: str):
@@ -158,3 +171,24 @@ def test_other_accuracies_print_beside_val_acc_but_not_as_slices():
     assert "  wall time: 130 s (2.2 min), 30 s of it in this process (resumed)" in lines
     assert "  speed: 2,133 tokens/s (64,000 tokens trained in 30 s, validations included)" \
         in lines
+
+
+def test_sigterm_ends_with_what_the_fit_reached(in_tmp):
+    """``kill <pid>`` stops the fit like Ctrl-C: a report that says so and a non-zero exit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", "--config", config("p4.yaml"), *SMOKE,
+         *NO_BAR, "--trainer.max_steps", "50", "--trainer.callbacks+=test_report.SigtermAtStep"],
+        capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 143, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = report_of(proc.stdout)
+    assert lines[0] == "result of fit (runs/p4/version_0): stopped by SIGTERM at step 1"
+    assert "  val/acc: no evaluation reached" in lines
+
+
+def test_stopped_by_names_what_stopped_the_run():
+    result = RunResult(stage="fit", interrupted=True, step=7, prefix="val", best={}, last={},
+                       slices=[], converged=None, collapsed_at=None, wall_time_s=1.0,
+                       process_s=1.0, tokens=0, stopped_by="SIGTERM")
+    assert format_report(result).startswith("result of fit: stopped by SIGTERM at step 7")
