@@ -4,7 +4,9 @@
 [--trials N] [--until HH:MM] [--retry-failed] [--widen N]``, ``python -m sweeps report SPEC``,
 ``python -m sweeps suite SPEC [SPEC ...] [--out results/suite]`` (one grid over several tasks,
 :mod:`sweeps.report.suite`), ``python -m sweeps status``, ``python -m sweeps save|restore
-ARCHIVE`` (:mod:`sweeps.archive`).
+ARCHIVE`` (:mod:`sweeps.archive`). ``report`` and ``suite`` read each study at the profile
+and size it ran at (a ``--profile``/``--size`` naming others stops), and never write a report
+of no finished run over an existing ``table.md``.
 
 Every error the user can cause (bad spec, unreachable storage, rejected grid value, unwritable
 ``--runs``, a study that never ran) prints one line ``error: ...`` and exits with status 2,
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import datetime
 import math
 import os
@@ -42,10 +45,11 @@ from sweeps.command import validate_points
 from sweeps.faults import STORAGE_LOST_STATUS, fault_reason, storage_fault, storage_lost_message
 from sweeps.runtime import parse_until
 from sweeps.secrets import ENV_VAR, argv_without_storage, given_storage, password, scrub, worker_env
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import ROOT, SpecError, SweepSpec, load_spec
 from sweeps.status import count_states, status_lines
 from sweeps.storage import StorageError, open_storage
-from sweeps.trials import failed_points
+from sweeps.study import ran_at
+from sweeps.trials import RESULTS, failed_points
 
 DESCRIPTION = ("Optuna sweeps of main.py: run (or resume) a spec's grid, report its tables and "
                "plots, list the studies' trial counts.")
@@ -57,6 +61,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def profile_names() -> str:
+    """The profiles ``--profile`` may name: the stems of ``configs/profiles/*.yaml``."""
+    return " | ".join(sorted(p.stem for p in (ROOT / "configs" / "profiles").glob("*.yaml")))
+
+
+def positive_int(text: str) -> int:
+    """An option's value as a positive integer; else argparse's one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def _storage_args(ap: argparse.ArgumentParser) -> None:
@@ -79,18 +99,21 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) a sweep")
     run.add_argument("spec", nargs="+", help="one spec, or several to run one after another")
-    run.add_argument("--profile", help="smoke | cpu | paper (default: the spec's)")
+    run.add_argument("--profile", help=f"a name in configs/profiles/: {profile_names()} "
+                                       "(default: the spec's)")
     run.add_argument("--size", help="a model size of configs/sizes/, e.g. tiny (default: the "
                                     "spec's, else the model's default size)")
     run.add_argument("--workers", type=int, default=1, help="worker processes on this machine")
-    run.add_argument("--trials", type=int, help="stop each worker after this many trials")
+    run.add_argument("--trials", type=positive_int,
+                     help="stop each worker after this many trials")
     run.add_argument("--until", metavar="WHEN",
                      help="start only the queued runs expected to end by then (HH:MM, +90m, "
                           "+1h30m or an ISO date and time; each run timed by the study's "
                           "nearest finished runs), then stop: a machine lent until a known time "
                           "leaves no half-trained run behind")
     run.add_argument("--runs", default="runs", help="root folder of the trials' runs")
-    run.add_argument("--threads", type=int, help="torch threads per worker")
+    run.add_argument("--threads", type=positive_int,
+                     help="torch threads per worker (default: the cores over --workers)")
     run.add_argument("--retry-failed", action="store_true",
                      help="queue the grid points whose trials failed again")
     run.add_argument("--widen", type=int, default=0, metavar="N",
@@ -100,14 +123,20 @@ def parser() -> argparse.ArgumentParser:
     _storage_args(run)
     rep = sub.add_parser("report", help="tables and plots of a sweep under results/<study>/")
     rep.add_argument("spec")
-    rep.add_argument("--profile")
-    rep.add_argument("--out", default="results")
+    rep.add_argument("--profile", help="a name in configs/profiles/ (default: the profile the "
+                                       "study ran at; another one stops)")
+    rep.add_argument("--size", help="a model size of configs/sizes/ (default: the size the "
+                                    "study ran at; another one stops)")
+    rep.add_argument("--out", default="results",
+                     help="folder the report goes under, as <out>/<study>/ (default results)")
     _storage_args(rep)
     su = sub.add_parser("suite", help="one grid over several tasks (a spec each): the method × "
                                       "task table with MAD's aggregate, and its heat map")
     su.add_argument("spec", nargs="+", help="a spec per task, all with the same grid")
-    su.add_argument("--profile", help="the profile every spec is read with (default: each "
-                                      "spec's own)")
+    su.add_argument("--profile", help="a name in configs/profiles/ every study must have run "
+                                      "at (default: the profile each study ran at)")
+    su.add_argument("--size", help="a model size of configs/sizes/ every study must have run at "
+                                   "(default: the size each study ran at)")
     su.add_argument("--out", default="results/suite",
                     help="folder of table.md, table.csv, heatmap.png (default results/suite)")
     _storage_args(su)
@@ -269,16 +298,86 @@ def report_failures(study_name: str, storage, grid: bool) -> bool:
     return True
 
 
+def _at(profile: str | None, size: str | None) -> str:
+    """``profile P, size S`` as a message names them."""
+    return f"profile {profile}" + (f", size {size}" if size else "")
+
+
+def spec_as_ran(path: str, args: argparse.Namespace, storage: RDBStorage,
+                known: set[str]) -> SweepSpec:
+    """The spec at ``path`` read at the profile and size its study ran at (the study's user
+    attrs, as :func:`sweeps.study.check_same_profile` reads them), so a report shows its runs
+    under their own profile; a ``--profile`` or ``--size`` given must match them, else
+    :class:`SpecError` in one line. A study not in ``known`` (not run): the spec as given."""
+    spec = load_spec(path, args.profile, args.size)
+    if spec.study not in known:
+        return spec
+    attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(spec.study))
+    profile, size = ran_at(attrs, spec)
+    if (args.profile is not None and args.profile != profile) or \
+            (args.size is not None and args.size != size):
+        asked = " ".join(f"--{k} {v}" for k, v in (("profile", args.profile),
+                                                   ("size", args.size)) if v is not None)
+        raise SpecError(f"study {spec.study} ran at {_at(profile, size)}, not what {asked} "
+                        "asks for: leave out --profile and --size to report it as it ran, or "
+                        "give the --storage of the runs you mean")
+    if (profile, size) == (spec.profile, spec.size):
+        return spec
+    ran = load_spec(path, profile, size)
+    if size is None:  # recorded as the model's default size, whatever the spec says now
+        ran = dataclasses.replace(ran, size=None)
+    if ran.study != spec.study:
+        raise SpecError(f"{path} names study {ran.study} at {_at(profile, size)}, the profile "
+                        f"and size its study {spec.study} ran at: give --profile and --size")
+    return ran
+
+
+def has_results(storage: RDBStorage, study: str) -> bool:
+    """Whether ``study`` has a finished run holding a result (complete or pruned)."""
+    study_id = storage.get_study_id_from_name(study)
+    return bool(storage.get_all_trials(study_id, deepcopy=False, states=RESULTS))
+
+
+def check_not_emptied(table: Path, what: str) -> None:
+    """Stop in one line rather than write a report of no finished run over ``table``."""
+    if table.exists():
+        raise CliError(f"{what} no finished run yet: not writing an empty report over {table} "
+                       "(run it first, or give another --out)")
+
+
+def check_same_report(table: Path, spec) -> None:
+    """Stop in one line rather than write a report at ``spec``'s profile over ``table``, a
+    report of the study at another profile (e.g. a smoke run's over the committed one)."""
+    if not table.exists():
+        return
+    with table.open() as fh:
+        title = fh.readline().strip()
+    prefix = f"# {spec.study} ("
+    if title.startswith(prefix) and title.endswith(" profile)"):
+        theirs = title[len(prefix):-len(" profile)")]
+        if theirs != spec.profile:
+            raise CliError(f"{table} is the report of study {spec.study} at profile {theirs}; "
+                           f"this storage's ran at profile {spec.profile}: not writing over "
+                           "it (give another --out)")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    """A study's tables and plots under ``--out``/<study>/, at the profile and size it ran at
+    (:func:`spec_as_ran`)."""
     from sweeps.report import write_report  # here: keeps torch out of CLI start-up
 
-    spec = load_spec(args.spec, args.profile)
+    spec = load_spec(args.spec, args.profile, args.size)
     check_writable(args.out, "--out")
     storage = open_command_storage(args, given_storage(args.storage, args.storage_file)
                                    or spec.storage, must_exist=True)
-    if spec.study not in optuna.get_all_study_names(storage):
+    known = set(optuna.get_all_study_names(storage))
+    if spec.study not in known:
         raise StorageError(f"study {spec.study} has not run in this storage: nothing to report "
                            f"(start it with `python -m sweeps run {args.spec}`)")
+    spec = spec_as_ran(args.spec, args, storage, known)
+    if not has_results(storage, spec.study):
+        check_not_emptied(Path(args.out) / spec.study / "table.md", f"study {spec.study} has")
+    check_same_report(Path(args.out) / spec.study / "table.md", spec)
     for path in write_report(spec, storage, Path(args.out)):
         print(path)
     return 0
@@ -286,10 +385,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_suite(args: argparse.Namespace) -> int:
     """The suite's table and heat map (:mod:`sweeps.report.suite`); each spec's study may be
-    unfinished or not started, but one of them must have run."""
+    unfinished or not started, but one of them must have run. Each spec is read at the profile
+    and size its study ran at (:func:`spec_as_ran`)."""
     from sweeps.report.suite import check_suite, write_suite  # here: keeps torch out of start-up
 
-    specs = [load_spec(path, args.profile) for path in args.spec]
+    specs = [load_spec(path, args.profile, args.size) for path in args.spec]
     check_suite(specs)
     check_writable(args.out, "--out")
     storage = open_command_storage(args, given_storage(args.storage, args.storage_file)
@@ -299,6 +399,17 @@ def cmd_suite(args: argparse.Namespace) -> int:
         raise StorageError(f"none of the suite's studies ({', '.join(s.study for s in specs)}) "
                            "has run in this storage: nothing to report (start one with "
                            f"`python -m sweeps run {args.spec[0]}`)")
+    ran = {i: spec_as_ran(path, args, storage, known)
+           for i, path in enumerate(args.spec) if specs[i].study in known}
+    first = ran[min(ran)]  # a study not run yet: the profile and size the first one ran at,
+    default = specs[min(ran)]  # where that is no spec's own (a smoke suite stays smoke)
+    profile = args.profile or (first.profile if first.profile != default.profile else None)
+    size = args.size or (first.size if first.size != default.size else None)
+    specs = [ran[i] if i in ran else load_spec(path, profile, size)
+             for i, path in enumerate(args.spec)]
+    check_suite(specs)
+    if not any(has_results(storage, spec.study) for spec in specs if spec.study in known):
+        check_not_emptied(Path(args.out) / "table.md", "the suite's studies have")
     for path in write_suite(specs, storage, Path(args.out)):
         print(path)
     return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import sys
 import tempfile
 from typing import Any
 
@@ -34,6 +37,19 @@ def trial_args(spec: SweepSpec, params: dict[str, Any], save_dir: str, name: str
     return args
 
 
+FIT_HELP = "python main.py fit --help"
+"""Where a grid key's options are listed: the grid sets ``main.py fit``'s keys."""
+
+
+def parser_reason(stderr: str) -> str:
+    """The reason in main.py's parser error output (its ``error:`` line, less the pointer to
+    ``--help`` of the program it ran in, which here is no main.py)."""
+    for line in stderr.splitlines():
+        if line.startswith("error: "):
+            return line.removeprefix("error: ").strip()
+    return "not a valid main.py configuration"
+
+
 def validate_points(spec: SweepSpec) -> None:
     """Instantiate model and data of every distinct point (seed and lr aside); bad values
     raise SpecError."""
@@ -48,10 +64,13 @@ def validate_points(spec: SweepSpec) -> None:
             seen.add(key)
             shown = json.dumps({k: v for k, v in point.items() if k not in VARYING},
                                sort_keys=True)
+            said = io.StringIO()
             try:
-                build_cli(trial_args(spec, point, tmp, "check"), run=False)
+                with contextlib.redirect_stderr(said):
+                    build_cli(trial_args(spec, point, tmp, "check"), run=False)
             except CliError as err:
                 raise SpecError(f"grid point {shown}: {err}") from None
             except SystemExit:
-                raise SpecError(f"grid point {shown} is not a valid main.py configuration "
-                                "(see the message above)") from None
+                raise SpecError(f"grid point {shown}: {parser_reason(said.getvalue())} (run "
+                                f"`{FIT_HELP}` for the accepted options)") from None
+            sys.stderr.write(said.getvalue())  # a warning of a point that builds still shows

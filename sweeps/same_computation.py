@@ -71,11 +71,17 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m sweeps.same_computation",
-                       description=__doc__.split("\n\n")[1])
+                       usage="%(prog)s OTHER [--steps N] [--threads N] -- FIT_ARGS...",
+                       description=__doc__.split("\n\n")[1],
+                       epilog="FIT_ARGS: main.py fit's arguments, after --, e.g. -- --config "
+                              "configs/p4.yaml")
     ap.add_argument("other", type=Path, help="the other checkout (its repository root)")
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     argv = sys.argv[1:] if argv is None else argv
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    if "-h" in own or "--help" in own:
+        ap.parse_args(own)  # prints the help and exits 0
     if "--" not in argv:
         ap.error("give main.py fit's arguments after --, e.g. -- --config configs/p4.yaml")
     cut = argv.index("--")

@@ -398,6 +398,17 @@ def read_spec(path: Path) -> dict[str, Any]:
     return merged
 
 
+def _number(value: Any) -> Any:
+    """A number PyYAML read as text (YAML 1.1 wants a dot: ``1e-3`` is a string, ``1.0e-3`` a
+    float; main.py's configs take both) as its float; any other value as it is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def load_spec(path: str | Path, profile: str | None = None, size: str | None = None) -> SweepSpec:
     """Read and validate a spec; ``profile`` and ``size`` override the spec's own."""
     path = Path(path)
@@ -423,9 +434,12 @@ def load_spec(path: str | Path, profile: str | None = None, size: str | None = N
     lr = merged.get("lr") or []
     if lr and "model.lr" in {k for key in grid for k in key.split(",")}:
         raise SpecError("the learning rate is both in the grid and the lr: sub-grid; give one")
-    if not isinstance(lr, list) or not all(isinstance(x, (int, float)) and math.isfinite(x)
-                                           and x > 0 for x in lr):
-        raise SpecError("lr must be a list of positive numbers")
+    if isinstance(lr, list):
+        lr = [_number(x) for x in lr]
+    if not isinstance(lr, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x > 0 for x in lr):
+        raise SpecError(f"lr must be a list of positive numbers, got {lr!r:.80}")
     objective = merged.get("objective") or {}
     metric = objective.get("metric", "val/acc")
     if not (isinstance(metric, str) and metric.startswith(("val/acc", "val/example_acc"))):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import optuna
 from optuna.storages import RDBStorage
 
@@ -29,6 +31,12 @@ def _sized(size: str | None) -> str:
     return f", size {size}" if size else ""
 
 
+def ran_at(attrs: dict[str, Any], spec: SweepSpec) -> tuple[str, str | None]:
+    """The ``(profile, size)`` a study's runs trained at, from its user attrs ``attrs``; the
+    spec's own where the study recorded none (a size recorded as None: the model's default)."""
+    return (attrs.get("profile", spec.profile), attrs["size"] if "size" in attrs else spec.size)
+
+
 def check_same_profile(study: optuna.Study, spec: SweepSpec) -> None:
     """A study keeps the profile and size its runs trained at: a point is one grid value set,
     whatever the profile, so a run at another (``--profile smoke``) would take the place of the
@@ -36,8 +44,7 @@ def check_same_profile(study: optuna.Study, spec: SweepSpec) -> None:
     a study recorded before sizes were kept has the spec's default size."""
     if not study.get_trials(deepcopy=False):
         return
-    attrs = study.user_attrs
-    ran = (attrs.get("profile", spec.profile), attrs["size"] if "size" in attrs else spec.size)
+    ran = ran_at(study.user_attrs, spec)
     if ran != (spec.profile, spec.size):
         raise SpecError(f"study {spec.study} ran at profile {ran[0]}{_sized(ran[1])}, this run "
                         f"asks for profile {spec.profile}{_sized(spec.size)}: give it another "
