@@ -24,12 +24,13 @@ _SKIP_BULLETS = ("Expected a <class 'NoneType'>", "Expected a path but",
 
 
 def config_file_args(argv: list[str]) -> list[str]:
-    """The values of ``--config``/``-c`` in ``argv`` (both ``--config X`` and ``--config=X``)."""
+    """The values of ``--config``/``-c`` in ``argv`` (``--config X``, ``--config=X``, ``-c X``
+    and ``-c=X``, as argparse reads them)."""
     values = []
     for i, arg in enumerate(argv):
         if arg in _CONFIG_FLAGS and i + 1 < len(argv):
             values.append(argv[i + 1])
-        elif arg.startswith("--config="):
+        elif arg.startswith(("--config=", "-c=")):
             values.append(arg.split("=", 1)[1])
     return values
 

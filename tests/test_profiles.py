@@ -87,8 +87,9 @@ def test_what_counts_as_a_profile(tmp_path):
     argv, added = with_default_profile(["fit", "--config", size], ["fit", "test"])
     assert added and argv == ["fit", "--config", str(DEFAULT_PROFILE), "--config", size]
     smoke = config("profiles/smoke.yaml")
-    assert with_default_profile(["test", f"--config={smoke}"], ["fit", "test"]) == (
-        ["test", f"--config={smoke}"], False)
+    for given in ([f"--config={smoke}"], [f"-c={smoke}"], ["-c", smoke]):
+        assert with_default_profile(["test", *given], ["fit", "test"]) == (["test", *given],
+                                                                           False)
     # a config before the subcommand holds the subcommand's keys under its name
     top = tmp_path / "top.yaml"
     top.write_text("fit:\n  trainer:\n    max_steps: 5\n")
