@@ -113,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
                           "leaves no half-trained run behind")
     run.add_argument("--runs", default="runs", help="root folder of the trials' runs")
     run.add_argument("--threads", type=positive_int,
-                     help="torch threads per worker (default: the cores over --workers)")
+                     help="torch threads per worker (default: $OMP_NUM_THREADS where set, "
+                          "else the cores over --workers)")
     run.add_argument("--retry-failed", action="store_true",
                      help="queue the grid points whose trials failed again")
     run.add_argument("--widen", type=int, default=0, metavar="N",
@@ -224,6 +225,17 @@ def start_workers(args: argparse.Namespace, index: int, url: str | None,
     return children
 
 
+def worker_threads(given: int | None, workers: int) -> int:
+    """torch threads per worker: ``--threads``, else a positive ``$OMP_NUM_THREADS``, else the
+    cores over ``workers``."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if given:
+        return given
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | None = None,
              until: float | None = None) -> int:
     """Run one spec's sweep (in the parent: queue its grid, start the other workers, widen);
@@ -239,7 +251,7 @@ def run_spec(spec, storage, args: argparse.Namespace, index: int, url: str | Non
 
     check_not_half_restored(storage, [spec.study])
     worker_id = os.environ.get("ARBENCH_SWEEP_WORKER")
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = worker_threads(args.threads, args.workers)
     torch.set_num_threads(threads)
     if worker_id is None:
         study = make_study(spec, storage)

@@ -6,6 +6,8 @@ PyYAML) is a number; a grid key main.py does not know points at ``main.py fit --
 ``run --help`` lists the profiles there are.
 """
 
+import os
+
 import pytest
 import yaml
 from paths import ROOT
@@ -13,7 +15,7 @@ from test_sweep_errors import one_error_line
 from test_sweeps import write_spec
 
 from sweeps import same_computation
-from sweeps.__main__ import main, parser
+from sweeps.__main__ import main, parser, worker_threads
 from sweeps.command import validate_points
 from sweeps.spec import SpecError, load_spec
 
@@ -77,3 +79,12 @@ def test_help_names_the_profiles_and_report_options():
         assert name in run_help
     report = {a.dest: a.help for a in sub["report"]._actions}
     assert report["profile"] and report["out"] and report["size"]
+
+
+def test_threads_per_worker_follow_the_flag_then_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert worker_threads(None, 1) == 1 and worker_threads(3, 1) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert worker_threads(None, 1) == max(1, os.cpu_count() or 1)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert worker_threads(None, 2) == max(1, (os.cpu_count() or 1) // 2)
