@@ -4,11 +4,14 @@ For every point and lr, accuracy is averaged over seeds (:func:`sweeps.trials.by
 the lr with the best mean is the point's best lr, and the row reports mean ± std (sample std,
 n seeds) there, per-slice means, state size and the paper's value where one matches
 (``sweeps.paper``; a spec's ``settings:`` make a row per point and setting, whose
-``hparams`` name the setting), with the protocol's flags: ``n_lrs`` (lrs tried), ``converged`` (share of
+``hparams`` name the setting), with the protocol's flags: ``n_lrs`` (the point's lrs: the spec's
+and every trial's, finished or not), ``converged`` (share of
 the best lr's runs that converged, :mod:`arbench.curves`), collapsed and diverged runs at the
-best lr (a diverged run counts at its best validation before it), failed runs of the point
-with no result (left out of their lr's mean), ``seeds`` (the study's seed count, flagged when
-fewer ran at the best lr), and whether the best lr sits at an edge of the lrs tried. ``seed_values``
+best lr (a diverged run counts at its best validation before it), failed grid points of the
+point with no result (left out of their lr's mean), ``seeds`` (the study's seed count, flagged
+when fewer ran at the best lr), whether the best lr sits at an edge of the point's lrs, and
+``unfinished`` / ``not_started``: its runs waiting or running, and the spec's runs of it never
+queued (the row is provisional while either is non-zero: its best lr may change). ``seed_values``
 and ``seed_slices`` keep each seed's objective and per-slice accuracy there (the claims and
 the suite's aggregate, :mod:`sweeps.report.suite`, read them).
 """
@@ -30,10 +33,13 @@ from sweeps.paper import paper_value
 from sweeps.report.labels import variant
 from sweeps.spec import SETTING, SweepSpec, setting_name
 from sweeps.trials import (
+    LR,
     SEED,
+    UNFINISHED,
     Trials,
     best_lr,
     by_point_and_lr,
+    grid_point,
     objective_curve,
     point_key,
     run_value,
@@ -79,17 +85,56 @@ def run_slices(t: Any, metric: str) -> dict[str, float]:
     return dict(t.user_attrs.get("slices") or {})
 
 
+def planned_runs(spec: SweepSpec) -> dict[tuple, list[dict[str, Any]]]:
+    """The spec's grid points (seed and lr included) by point (:func:`~sweeps.trials.
+    point_key`): every run a grid sweep queues. Empty for a sampled sweep (it runs only the
+    points its sampler picks) or a spec without a grid."""
+    if getattr(spec, "sampler", "grid") != "grid" or not hasattr(spec, "points"):
+        return {}
+    out: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for p in spec.points():
+        out[point_key(p)].append(p)
+    return out
+
+
+def progress(spec: SweepSpec, trials: Trials) -> dict[tuple, dict[str, Any]]:
+    """Per point: ``lrs``, the lrs it is to run (the spec's for it and every trial's grid-point
+    lr, queued or failed included); ``unfinished``, its waiting and running trials;
+    ``not_started``, the spec's grid points of it (seed and lr) with no trial at all; and
+    ``failed``, its distinct grid points whose runs failed with neither a result nor a retry
+    waiting or running (a point failed again after ``--retry-failed`` is one missing run)."""
+    info: dict[tuple, dict[str, Any]] = defaultdict(
+        lambda: {"lrs": set(), "unfinished": 0, "not_started": 0, "failed": 0})
+    started = set()
+    busy = set()
+    for t in trials:
+        gp = grid_point(t)
+        started.add(point_key(gp, free=()))
+        entry = info[point_key(gp)]
+        if LR in gp:
+            entry["lrs"].add(float(gp[LR]))
+        if t.state in UNFINISHED:
+            entry["unfinished"] += 1
+            busy.add(point_key(gp, free=()))
+    for point, planned in planned_runs(spec).items():
+        entry = info[point]
+        entry["lrs"].update(float(p[LR]) for p in planned if LR in p)
+        entry["not_started"] += sum(point_key(p, free=()) not in started for p in planned)
+    for key in {point_key(grid_point(t), free=()) for t in unresolved_failures(trials)} - busy:
+        info[point_key(dict(key))]["failed"] += 1
+    return info
+
+
 def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
     """One row per point of ``trials`` (the study's) at its best lr."""
     out = []
     maximize = spec.direction == "maximize"
     metric = spec.metric
-    failed = defaultdict(int)
-    for t in unresolved_failures(trials):
-        failed[point_key(t.params)] += 1
+    todo = progress(spec, trials)
     seeds = len({t.params.get(SEED) for t in trials if SEED in t.params})  # the study's
     for point, by_lr in by_point_and_lr(trials).items():
         best = best_lr(by_lr, maximize)
+        state = todo[point]
         at_best = by_lr[best]
         values = [run_value(t, maximize) for t in at_best]
         hp = dict(next((t.user_attrs["hparams"] for ts in by_lr.values() for t in ts
@@ -107,15 +152,16 @@ def rows(spec: SweepSpec, trials: Trials) -> list[dict[str, Any]]:
                   if t.user_attrs.get("val_acc") is not None]
         verdicts = [run_converged(t, metric) for t in at_best]
         known = [bool(v) for v in verdicts if v is not None]
-        lrs = sorted(by_lr)
+        lrs = sorted(state["lrs"] | set(by_lr))  # finished or not: a best lr may change
         out.append({
             "point": grid, "hparams": hp, "best_lr": best, "n_lrs": len(lrs),
             "lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
+            "unfinished": state["unfinished"], "not_started": state["not_started"],
             "converged": sum(known) / len(known) if known else math.nan,
             "not_converged": len(known) - sum(known), "verdicts": len(known),
             "collapsed": sum(t.user_attrs.get("collapsed_at") is not None for t in at_best),
             "diverged": sum(bool(t.user_attrs.get("diverged")) for t in at_best),
-            "failed": failed.get(point, 0), "seeds": seeds,
+            "failed": state["failed"], "seeds": seeds,
             "devices": sorted({str(t.user_attrs["device"]) for ts in by_lr.values() for t in ts
                                if t.user_attrs.get("device")}),
             "mean": statistics.fmean(values),

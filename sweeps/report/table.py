@@ -46,7 +46,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
           "diverged run has not converged); a row below 1 is not a converged result. "
           "Flags: runs that collapsed (loss back above 85% of its start after halving), "
           "runs at the best lr that had not converged, runs there stopped by the pruner "
-          "(counted with the best they had reached), a best lr at the edge of the lrs tried. "
+          "(counted with the best they had reached), a best lr at the edge of the point's lrs "
+          "(finished or not), runs unfinished or not started (a provisional row). "
           "One row per run: runs.csv." + (
               f" *{other_name.removesuffix(' %')}*: "
               + ("val/acc (micro accuracy over answer positions" if by_example else
@@ -64,8 +65,7 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         hp = r["hparams"]
         paper = "" if r["paper"] is None else f"{r['paper']:.1f}"
         cells = [label(hp), hp.get("d_model"), hp.get("state_size"),
-                 f"{r['best_lr']:g} ({r['n_lrs']})",
-                 f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f} ({r['n']})",
+                 f"{r['best_lr']:g} ({r['n_lrs']})", mean_std_cell(r['mean'], r['std'], r['n']),
                  *([mean_std_text(r[other])] if with_examples else []), paper,
                  "–" if math.isnan(r["converged"]) else f"{r['converged']:.0%}", flags(r),
                  *[f"{100 * r['slices'][s]:.1f}" if s in r["slices"] else "–"
@@ -75,7 +75,8 @@ def write_table(spec: SweepSpec, table: list[dict[str, Any]], out: Path) -> list
         md.append(markdown_row(cells))
         csv_rows.append({"method": label(hp), **{k: hp.get(k) for k in (
             "feature_map", "p", "m", "rank", "r", "d_model", "state_size", "params")},
-            "best_lr": r["best_lr"], "acc_mean": r["mean"], "acc_std": r["std"], "n": r["n"],
+            "best_lr": r["best_lr"], "acc_mean": r["mean"],
+            "acc_std": r["std"] if r["n"] > 1 else None, "n": r["n"],  # one seed: no spread
             **({f"{other}_mean": statistics.fmean(r[other]) if r[other] else None}
                if with_examples else {}),
             "n_lrs": r["n_lrs"], "converged": r["converged"], "collapsed": r["collapsed"],
@@ -109,12 +110,18 @@ METRIC_TEXT = {"val/acc": "micro accuracy over answer positions",
                                   "example's accuracy"}
 
 
+def mean_std_cell(mean: float, std: float, n: int) -> str:
+    """``"mean ± std (n)"`` in percent; ``"mean (1)"`` for one value, which has no spread."""
+    spread = f" ± {100 * std:.1f}" if n > 1 else ""
+    return f"{100 * mean:.1f}{spread} ({n})"
+
+
 def mean_std_text(values: list[float]) -> str:
-    """``"mean ± std (n)"`` in percent; ``"–"`` for no values."""
+    """:func:`mean_std_cell` of ``values`` (sample std); ``"–"`` for no values."""
     if not values:
         return "–"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.fmean(values):.1f} ± {100 * std:.1f} ({len(values)})"
+    return mean_std_cell(statistics.fmean(values), std, len(values))
 
 
 def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,7 +131,8 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
     ``parity: t`` also gets ``parity``: whether the two rows' means (over all their seeds)
     differ by at most ``tolerance`` = max(the ``worse`` row's seed std, t points), and
     ``mean_gap``. A claim whose rows are missing or ambiguous, or (task rows) not yet run at
-    every setting, says so in ``status``."""
+    every setting, says so in ``status``. A claim whose rows still have runs unfinished or not
+    started (``unfinished``, ``not_started``: their best lr may change) is ``provisional``."""
     out = []
     for claim in claims:
         picked = []
@@ -141,13 +149,14 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
                 picked[-1] = None  # every setting has run, but no seed at each one's best lr
                 status = f"{side} has no seed run at every setting's best lr yet"
         row = {"claim": claim["name"], "k": 0, "n": 0, "gap_mean": math.nan, "gap_std": math.nan,
-               "gain": math.nan, "status": "ok",
+               "gain": math.nan, "status": "ok", "provisional": False,
                "paper_gain": paper_gain_text(claim["paper_gain"]) if "paper_gain" in claim
                else None}
         if None in picked:
             out.append({**row, "status": status})
             continue
         a, b = picked
+        row["provisional"] = any(r.get("unfinished") or r.get("not_started") for r in picked)
         seeds = sorted(set(a["seed_values"]) & set(b["seed_values"]), key=str)
         gaps = [a["seed_values"][s] - b["seed_values"][s] for s in seeds]
         row.update(k=sum(g > 0 for g in gaps), n=len(gaps),
@@ -194,8 +203,10 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
             f"; parity {'holds' if r['parity'] else 'fails'}: means differ by "
             f"{100 * r['mean_gap']:+.1f} points, tolerance {100 * r['tolerance']:.1f} (the second "
             "side's seed std or the claim's points)")
+        pending = " (provisional: runs unfinished, the best lr may change)" \
+            if r.get("provisional") else ""
         lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
-                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}{parity}")
+                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}{parity}{pending}")
     return lines
 
 
@@ -204,8 +215,13 @@ def flags(row: dict[str, Any]) -> str:
     ran, failed runs with no result (left out of their lr's mean), diverged and collapsed runs
     (counted at their best before it), runs at the best lr that had not converged, runs there
     that the pruner stopped (counted with the best they had reached), best lr at a grid
-    edge."""
+    edge (of the point's lrs, finished or not), and runs still waiting or running or never
+    queued (the row is provisional: its best lr may change)."""
     out = []
+    if row.get("unfinished"):
+        out.append(f"{row['unfinished']} runs unfinished (best lr may change)")
+    if row.get("not_started"):
+        out.append(f"{row['not_started']} runs not started")
     if row.get("seeds") and row["n"] < row["seeds"]:
         out.append(f"{row['n']} of {row['seeds']} seeds")
     if row.get("failed"):
