@@ -53,7 +53,8 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
     seeds of ``seed_values``; ``slice_values`` (each setting's slices: one setting tests each);
     ``best_lrs`` (``{setting: best lr}``, key None without settings), ``settings_done`` and
     ``settings`` (how many of the spec's settings have a row), and ``short_of_seeds``: every
-    setting has a row but no seed has run at every setting's best lr (yet). Incomplete points,
+    setting has a row but no seed has run at every setting's best lr (yet); ``unfinished`` and
+    ``not_started``: the settings' rows' counts summed (a provisional row). Incomplete points,
     and those short of seeds, keep empty ``seed_values`` and ``seed_scores`` (``n`` 0, ``mean``
     and ``std`` nan)."""
     wanted = [setting_name(p) for p in spec.settings] or [None]
@@ -79,6 +80,8 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
             "best_lrs": {row_setting(m): m["best_lr"] for m in members},
             "settings_done": len(members), "settings": len(wanted),
             "short_of_seeds": complete and len(wanted) > 1 and not values,
+            "unfinished": sum(int(m.get("unfinished") or 0) for m in by_setting.values()),
+            "not_started": sum(int(m.get("not_started") or 0) for m in by_setting.values()),
         })
     return out
 

@@ -293,13 +293,15 @@ def progress_line(task: str, spec: SweepSpec, done: dict[str, int] | None,
 
 
 def claim_text(claim: dict[str, Any] | None) -> str:
-    """A claim on one task: ``"k of n, gap ± std"`` in points; why not, when unchecked."""
+    """A claim on one task: ``"k of n, gap ± std"`` in points, ``" (provisional)"`` while its
+    rows have runs unfinished or not started; why not, when unchecked."""
     if claim is None:
         return "–"
     if claim["status"] != "ok" or not claim["n"]:
         return "not checked" if claim["status"] == "ok" else f"not checked ({claim['status']})"
     spread = f" ± {pct(claim['gap_std'])}" if claim["n"] > 1 else ""
-    return f"{claim['k']} of {claim['n']}, {100 * claim['gap_mean']:+.1f}{spread}"
+    pending = " (provisional)" if claim.get("provisional") else ""
+    return f"{claim['k']} of {claim['n']}, {100 * claim['gap_mean']:+.1f}{spread}{pending}"
 
 
 def suite_markdown(suite: Suite) -> list[str]:

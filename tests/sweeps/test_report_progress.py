@@ -11,6 +11,7 @@ from optuna.trial import TrialState, create_trial
 
 from sweeps.report.rows import rows
 from sweeps.report.runs import run_rows
+from sweeps.report.suite import claim_text
 from sweeps.report.table import claim_rows, claims_text, flags, mean_std_text, write_table
 
 LRS = (1e-4, 3e-4, 1e-3)
@@ -129,3 +130,10 @@ def test_one_seed_has_no_spread(tmp_path):
     (got,) = csv.DictReader((tmp_path / "table.csv").open())
     assert (got["acc_mean"], got["acc_std"], got["n"]) == ("0.936", "", "1")
     assert mean_std_text([0.5]) == "50.0 (1)" and mean_std_text([0.5, 0.7]) == "60.0 ± 14.1 (2)"
+
+
+def test_a_suite_claim_on_provisional_rows_says_so():
+    claim = {"status": "ok", "n": 3, "k": 2, "gap_mean": 0.012, "gap_std": 0.004,
+             "provisional": False}
+    assert claim_text(claim) == "2 of 3, +1.2 ± 0.4"
+    assert claim_text({**claim, "provisional": True}) == "2 of 3, +1.2 ± 0.4 (provisional)"

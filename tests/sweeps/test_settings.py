@@ -120,6 +120,10 @@ def test_task_rows_average_each_seed_over_the_settings_at_their_own_best_lrs(rec
     assert merged[2]["best_lrs"] == {S: 1e-3, L: 3e-3}
     assert merged[2]["seed_values"] == pytest.approx({0: (0.8 + 0.4) / 2})  # seed 1: no L run
     assert merged[4]["seed_scores"] == pytest.approx({0: 0.7, 1: 0.5})
+    # the settings' runs the grid asks for and nobody queued: p = 2 lacks (seed 1, 3e-3, L),
+    # p = 4 every run at 1e-3; the task row sums them (a provisional row)
+    assert (merged[2]["not_started"], merged[4]["not_started"]) == (1, 4)
+    assert merged[2]["unfinished"] == merged[4]["unfinished"] == 0
     missing = task_rows(spec, [r for r in table if not (r["hparams"]["p"] == 4
                                                        and r["hparams"]["setting"] == L)])
     p4 = next(r for r in missing if r["hparams"]["p"] == 4)
