@@ -182,25 +182,43 @@ def check_not_half_restored(storage: Any, names: Iterable[str] | None = None) ->
                            "storage to restore it whole")
 
 
-def _trial_key(record: dict[str, Any]) -> tuple[str, str]:
+def _trial_key(record: dict[str, Any], whole: bool = True) -> tuple[str, str]:
     """What tells an archived trial apart from another study's that ran the same point: its
     params (numbers as floats, as the storage may give an int back as a float) and its start
-    to the second (a database may drop the microseconds); its number when it has no start."""
+    (``whole``: as recorded, microseconds included; else to the second); its number when it
+    has no start."""
     params = record.get("params")
     if isinstance(params, dict):
         params = {k: float(v) if is_number(v) else v for k, v in params.items()}
     start = record.get("datetime_start")
     return (json.dumps(params, sort_keys=True, default=str),
-            str(start)[:19] if start else f"#{record.get('number')}")
+            (str(start) if whole else str(start)[:19]) if start
+            else f"#{record.get('number')}")
+
+
+def _to_the_second(record: dict[str, Any]) -> bool:
+    """Whether ``record``'s start has no fraction of a second (a database that drops them)."""
+    start = record.get("datetime_start")
+    return bool(start) and "." not in str(start)[19:]
 
 
 def dropped_trials(archived: list[dict[str, Any]],
                    stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The finished (complete or pruned) trial lines of ``archived`` (one study's archive
-    lines) that ``stored`` (the storage's lines of it) does not hold."""
+    lines) that ``stored`` (the storage's lines of it) does not hold: none with its params and
+    its start to the microsecond, or to the second where either side's start has no fraction
+    (a database may drop the microseconds). Two runs of one point started in the same second
+    are told apart."""
     have = {_trial_key(r) for r in stored[1:]}
-    return [r for r in archived[1:]
-            if r.get("state") in FINISHED_STATES and _trial_key(r) not in have]
+    coarse = {_trial_key(r, whole=False) for r in stored[1:] if _to_the_second(r)}
+    every_second = {_trial_key(r, whole=False) for r in stored[1:]}
+
+    def held(r: dict[str, Any]) -> bool:
+        second = _trial_key(r, whole=False)
+        return _trial_key(r) in have or second in coarse or (
+            _to_the_second(r) and second in every_second)
+
+    return [r for r in archived[1:] if r.get("state") in FINISHED_STATES and not held(r)]
 
 
 def save(storage: Any, path: Path, replace: Iterable[str] = ()) -> dict[str, int]:

@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 from test_loss_curves import log_losses
 from test_sweeps import sweep, write_spec
 
-from sweeps.archive import check_not_half_restored, half_restored, restore, save
+from sweeps.archive import check_not_half_restored, dropped_trials, half_restored, restore, save
 from sweeps.storage import StorageError
 
 DISTS = {"model.lr": FloatDistribution(3e-3, 3e-3), "seed_everything": IntDistribution(0, 2)}
@@ -357,3 +357,21 @@ def test_attrs_of_the_types_the_sweeps_record_restore(tmp_path):
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert trials[0].user_attrs == lines[1]["user_attrs"]
     assert trials[4].system_attrs["retry_history"] == [3]
+
+
+def test_runs_of_one_point_started_in_one_second_are_told_apart():
+    """Matching archived runs to stored ones: params and start to the microsecond; to the
+    second only where a database dropped the fraction (either side)."""
+    params = {"model.lr": 3e-3, "seed_everything": 0}
+
+    def line(start: str, number: int = 0) -> dict:
+        return {"number": number, "state": "COMPLETE", "params": params,
+                "datetime_start": start}
+
+    archived = [{"study": "s"}, line("2026-12-07T20:10:01.123456")]
+    assert dropped_trials(archived, [{"study": "s"}, line("2026-12-07T20:10:01.567890")]) \
+        == archived[1:]
+    for stored in ("2026-12-07T20:10:01.123456", "2026-12-07T20:10:01"):
+        assert dropped_trials(archived, [{"study": "s"}, line(stored, 7)]) == []
+    assert dropped_trials([{"study": "s"}, line("2026-12-07T20:10:01")],
+                          [{"study": "s"}, line("2026-12-07T20:10:01.5")]) == []
