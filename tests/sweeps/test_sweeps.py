@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,7 +159,10 @@ def run_two_workers(tmp_path: Path, url: str, study: str) -> None:
     counts = completed_points(study, url)
     assert len(counts) == 4 and set(counts.values()) == {1}
     assert len(trials) == 4  # nothing duplicated, nothing left waiting
-    ran = [line for out, _ in outs for line in out.splitlines() if line.endswith(" s")]
+    # each finished run prints one "[time worker] trial N name: metric value in T s" line;
+    # the queueing lock's waiting line also ends in " s", so match the run lines themselves
+    ran = [line for out, _ in outs for line in out.splitlines()
+           if re.fullmatch(r"\[\S+ w\d+\] trial \d+ \S+: \S+ [\d.]+ in \d+ s", line)]
     assert len(ran) == 4, ran
 
 
