@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from arbench.ckpt_check import read_checkpoint
 from arbench.curves import COLLAPSE_HIGH, COLLAPSE_LOW, CONVERGED_RISE, STOP_THRESHOLD
 from arbench.objective import EXAMPLE_ACC
-from arbench.summary import RunSummary
+from arbench.summary import RunSummary, stop_cause
 
 STAGES = {TrainerFn.FITTING: "fit", TrainerFn.VALIDATING: "validate", TrainerFn.TESTING: "test"}
 """The trainer functions that end with a report, by subcommand name."""
@@ -240,10 +240,8 @@ class EndOfRunReport(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt):
-            self.report(trainer, pl_module, interrupted=True)
-        elif isinstance(exception, SIGTERMException):
-            self.report(trainer, pl_module, interrupted=True, stopped_by="SIGTERM")
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            self.report(trainer, pl_module, interrupted=True, stopped_by=stop_cause(exception))
 
     def report(self, trainer: L.Trainer, pl_module: L.LightningModule, interrupted: bool,
                stopped_by: str = "Ctrl-C") -> None:

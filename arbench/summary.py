@@ -8,15 +8,17 @@ exist, not the ones of the validation before.
 The file holds what sweeps and tables read back: the best and the last ``val/acc`` (best is the
 objective), per-slice accuracies at the best validation, the same for zoology's per-example
 accuracy ``val/example_acc`` (its own best validation, ``example_*`` keys), step, wall time,
-state size, parameter count, hyperparameters and checkpoint paths. Written atomically, so a
-crash never leaves it torn. The best and last validations and the wall time so far travel in the
-checkpoint, so a run resumed after a kill reports over all its validations, including those
-before the kill. So do the val/acc and training-loss curves behind the ``converged`` and
-``collapsed_at`` verdicts (:mod:`arbench.curves`), and the ``val/example_acc`` curve
-(``example_curve``, for the sweep reports of studies judged by zoology's metric). A
+state size, parameter count, hyperparameters and checkpoint paths, and ``stopped_by``: what
+stopped this process's fit (``Ctrl-C``, ``SIGTERM`` or a crash's exception type; null while it
+runs and once it finishes; a run stopped before its first validation writes no file). Written
+atomically, so a crash never leaves it torn. The best and last validations and the wall time so
+far travel in the checkpoint, so a run resumed after a kill reports over all its validations,
+including those before the kill. So do the val/acc and training-loss curves behind the
+``converged`` and ``collapsed_at`` verdicts (:mod:`arbench.curves`), and the ``val/example_acc``
+curve (``example_curve``, for the sweep reports of studies judged by zoology's metric). A
 ``validate`` of a checkpoint writes its evaluation as the last validation and leaves the
-training's curves, and so its verdicts, as the checkpoint carried them. The file
-keeps the training loss as means over blocks of 25 steps (``loss_curve``,
+training's curves, and so its verdicts, as the checkpoint carried them. The file keeps the
+training loss as means over blocks of 25 steps (``loss_curve``,
 :func:`arbench.curves.block_means`), so a sweep record carries it to another machine, where the
 run's TensorBoard files are not.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from arbench.curves import block_means, collapse_step, is_converged
 from arbench.files import atomic_write
@@ -42,6 +45,17 @@ def chance_loss(pl_module: L.LightningModule) -> float | None:
     """ln vocab (nats): the cross-entropy of a uniform guess; None when there is no vocab."""
     vocab = dict(getattr(pl_module, "hparams", None) or {}).get("vocab_size")
     return math.log(vocab) if vocab else None
+
+
+def stop_cause(exception: BaseException) -> str:
+    """What stopped a run, as its report and ``summary.json`` name it: ``Ctrl-C`` (a
+    ``KeyboardInterrupt``), ``SIGTERM`` (Lightning's ``SIGTERMException``, from ``kill <pid>``)
+    or the exception's type name (a crash)."""
+    if isinstance(exception, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(exception, SIGTERMException):
+        return "SIGTERM"
+    return type(exception).__name__
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -66,9 +80,11 @@ class RunSummary(Callback):
         self._step_start = 0  # the global step when its first batch started
         self.pending = False  # a validation whose summary waits for the checkpoint callbacks
         self.log_dir: str | None = None
+        self.stopped_by: str | None = None  # what stopped this process's fit (stop_cause)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.time()
+        self.stopped_by = None
         self.log_dir = self._log_dir(trainer)  # every rank calls it here, once
 
     def wall_time_s(self) -> float:
@@ -149,7 +165,11 @@ class RunSummary(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        if self.pending:
+        """Writes the file once more with ``stopped_by`` set, when a validation has written
+        it (or waits to): a run stopped before its first validation leaves none, as before."""
+        self.stopped_by = stop_cause(exception)
+        written = self.log_dir is not None and (Path(self.log_dir) / self.filename).exists()
+        if self.pending or written:
             self.write(trainer, pl_module, finished=False)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -166,6 +186,7 @@ class RunSummary(Callback):
         hp = pl_module.hparams_for_logging() if hasattr(pl_module, "hparams_for_logging") else {}
         write_json_atomic(Path(log_dir) / self.filename, {
             "finished": finished,
+            "stopped_by": self.stopped_by,
             "val_acc": self.best.get("val/acc"),
             "last_val_acc": self.last.get("val/acc"),
             "best_step": self.best.get("step"),

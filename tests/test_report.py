@@ -76,6 +76,7 @@ def test_fit_ends_with_what_it_found(in_tmp, capsys):
     lines = report_of(out)
     summary = json.loads((in_tmp / "runs/p4/version_0/summary.json").read_text())
     assert lines[0] == "result of fit (runs/p4/version_0): finished at step 20"
+    assert summary["finished"] and summary["stopped_by"] is None
     acc = next(line for line in lines if line.strip().startswith("val/acc "))
     assert (f"best {percent(summary['val_acc'])} at step {int(summary['best_step'])}, "
             f"last {percent(summary['last_val_acc'])}") in acc
@@ -147,6 +148,7 @@ def test_ctrl_c_ends_with_what_the_fit_reached(in_tmp, capsys, step, validated):
     if validated:
         summary = json.loads(Path(paths["summary"]).read_text())
         assert not summary["finished"] and summary["best_step"] == 10
+        assert summary["stopped_by"] == "Ctrl-C"
         assert f"best {percent(summary['val_acc'])} at step 10" in "\n".join(lines)
         assert paths["best checkpoint"] == summary["best_checkpoint"]
     else:
@@ -173,18 +175,28 @@ def test_other_accuracies_print_beside_val_acc_but_not_as_slices():
         in lines
 
 
-def test_sigterm_ends_with_what_the_fit_reached(in_tmp):
-    """``kill <pid>`` stops the fit like Ctrl-C: a report that says so and a non-zero exit."""
+@pytest.mark.parametrize("step", [1, 13])
+def test_sigterm_ends_with_what_the_fit_reached(in_tmp, step):
+    """``kill <pid>`` stops the fit like Ctrl-C: a report that says so and a non-zero exit;
+    after a validation, ``summary.json`` says so too."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "fit", "--config", config("p4.yaml"), *SMOKE,
-         *NO_BAR, "--trainer.max_steps", "50", "--trainer.callbacks+=test_report.SigtermAtStep"],
+         *NO_BAR, "--trainer.max_steps", "50", "--trainer.callbacks+=test_report.SigtermAtStep",
+         f"--trainer.callbacks.init_args.step={step}"],
         capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 143, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = report_of(proc.stdout)
-    assert lines[0] == "result of fit (runs/p4/version_0): stopped by SIGTERM at step 1"
-    assert "  val/acc: no evaluation reached" in lines
+    assert lines[0] == f"result of fit (runs/p4/version_0): stopped by SIGTERM at step {step}"
+    summary_file = in_tmp / "runs/p4/version_0/summary.json"
+    if step == 1:
+        assert "  val/acc: no evaluation reached" in lines
+        assert not summary_file.exists()
+    else:
+        summary = json.loads(summary_file.read_text())
+        assert not summary["finished"] and summary["stopped_by"] == "SIGTERM"
+        assert summary["best_step"] == 10 and summary["global_step"] == step
 
 
 def test_stopped_by_names_what_stopped_the_run():
