@@ -8,6 +8,10 @@ import textwrap
 import pytest
 from paths import SMOKE, config
 
+from arbench.approx.cli import main as approx_main
+from arbench.bench.__main__ import main as bench_main
+from arbench.bench.config import smoke_config
+from arbench.bench.layers import method_list
 from arbench.cli import run
 from arbench.featuremaps import LLoPS
 from arbench.registry import FEATURE_MAPS, check_init_args, feature_map_class, load_method_config
@@ -62,10 +66,8 @@ def test_outside_map_trains_in_fit(outside, in_tmp):
 
 
 def test_outside_map_in_the_bench(outside, tmp_path):
-    from arbench.bench.__main__ import main
-
     out = tmp_path / "bench"
-    result = main(["--smoke", "--method-config", outside, "--methods", "softmax",
+    result = bench_main(["--smoke", "--method-config", outside, "--methods", "softmax",
                    "--no-train", "--seq-lens", "64", "--out", str(out)])
     rows = [r for r in result["rows"] if r["method"] == "cosine"]
     assert {r["pass"] for r in rows} == {"fwd", "fwd_bwd"}
@@ -83,10 +85,8 @@ def test_outside_map_in_the_bench(outside, tmp_path):
 
 
 def test_outside_map_in_the_approximation_study(outside, tmp_path, capsys):
-    from arbench.approx.cli import main
-
     out = tmp_path / "approx"
-    assert main(["--synthetic", "--method-config", outside, "--method-config",
+    assert approx_main(["--synthetic", "--method-config", outside, "--method-config",
                  config("p4.yaml"), "--methods", "polysketch", "--layers", "0", "--head-dim",
                  "4", "--p", "2", "--m", "8", "--steps", "10", "--n-train", "64",
                  "--n-test", "32", "--num-seqs", "4", "--seq-len", "32", "--out",
@@ -115,9 +115,6 @@ def test_registry_reads_the_shipped_method_configs():
 
 
 def test_method_config_names_must_not_clash(tmp_path):
-    from arbench.bench.config import smoke_config
-    from arbench.bench.layers import method_list
-
     clash = tmp_path / "clash.yaml"
     clash.write_text("model:\n  feature_map:\n    class_path: arbench.featuremaps.Identity\n"
                      "trainer:\n  logger:\n    init_args: {name: softmax}\n")
@@ -130,9 +127,6 @@ def test_method_config_names_must_not_clash(tmp_path):
 @pytest.mark.parametrize("command", ["bench", "approx"])
 def test_unknown_init_arg_is_one_line_before_any_work(command, tmp_path, capsys):
     """A mistyped init arg names the file, the class and the key, before a fit or a timing."""
-    from arbench.approx.cli import main as approx_main  # here: the two CLIs under test
-    from arbench.bench.__main__ import main as bench_main  # here: the two CLIs under test
-
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  feature_map:\n    class_path: arbench.featuremaps.LLoPS\n"
                    "    init_args: {m: 16, p: 2, bogus: 1, zz: 2}\n")

@@ -2,6 +2,8 @@ import pytest
 import torch
 from approx_helpers import gaussian_qk
 
+import arbench.approx.floor as floor_module
+from arbench.approx.fit import FitConfig, fit_pair
 from arbench.approx.floor import (
     eckart_young,
     explicit_sketch_kernel,
@@ -45,15 +47,14 @@ def test_floor_is_tail_of_singular_values():
 def test_eigh_path_reads_rounding_as_zero(monkeypatch):
     """Beyond EXACT_SVD_MAX rows the SVD comes from eigh(a aᵀ), whose eigenvalues of a rank-r
     matrix past r are rounding: read as 0, the floor at m ≥ r is 0, as the exact SVD's is."""
-    import arbench.approx.floor as floor  # here: patch the threshold for a small matrix
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(60, 5, dtype=torch.float64, generator=gen) @ \
         torch.randn(5, 40, dtype=torch.float64, generator=gen)
     exact, exact3 = eckart_young(a, 8), eckart_young(a, 3)
-    monkeypatch.setattr(floor, "EXACT_SVD_MAX", 10)
+    monkeypatch.setattr(floor_module, "EXACT_SVD_MAX", 10)
     via_eigh = eckart_young(a, 8)
     assert exact.rel_frobenius < 1e-12 and via_eigh.rel_frobenius == 0.0
-    u, s, v = floor.truncated_svd(a, 8)
+    u, s, v = floor_module.truncated_svd(a, 8)
     assert torch.isfinite(v).all() and (v[:, 5:] == 0).all()
     torch.testing.assert_close((u * s[:8]) @ v.T, a)
     assert eckart_young(a, 3).rel_frobenius == pytest.approx(exact3.rel_frobenius, rel=1e-9)
@@ -91,8 +92,6 @@ def test_floor_below_every_method(p):
     floor = eckart_young(a, m).rel_frobenius
     pairs = [polysketch_pair(d, m, p), mlp_pair(d, m, 16), flatten_pair(d, m, p),
              based_pair(d, m, p), llops_pair(d, m, p, 1), llops_pair(d, m, p, 4)]
-    from arbench.approx.fit import FitConfig, fit_pair
-
     errors = {}
     for pair in pairs:
         assert pair.feature_dim <= m

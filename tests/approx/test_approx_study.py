@@ -2,6 +2,10 @@ import pytest
 import torch
 from approx_helpers import gaussian_qk
 
+from arbench.approx import study as study_module
+from arbench.approx.fit import FitConfig
+from arbench.approx.polish import PolishConfig
+from arbench.approx.starts import StartConfig
 from arbench.approx.study import (
     FITTED_OPTIMAL,
     FLOOR,
@@ -91,11 +95,6 @@ def test_progress_lines_change_no_number_and_wait_for_their_interval(monkeypatch
     """With --log-every 0 a fit prints its latest step / sweep line once the interval has
     passed (here 0 s: every line); the records are those of a quiet run, bit for bit, and at
     the default interval a short fit prints no progress line at all."""
-    from arbench.approx import study  # here: the module whose interval is patched
-    from arbench.approx.fit import FitConfig  # here: a tiny fit budget
-    from arbench.approx.polish import PolishConfig  # here: a tiny polish budget
-    from arbench.approx.starts import StartConfig  # here: a tiny ALS budget
-
     qk = synthetic_qk([0], head_dim=4, num_seqs=4, seq_len=16, seed=3)
     config = StudyConfig(ps=(2,), m=6, ranks=(1,), n_train=64, n_test=32,
                          methods=("llops", "flatten"), fit=FitConfig(
@@ -103,9 +102,9 @@ def test_progress_lines_change_no_number_and_wait_for_their_interval(monkeypatch
                              polish=PolishConfig(steps=3)))
 
     def records(interval: float) -> tuple[list, list[str]]:
-        monkeypatch.setattr(study, "PROGRESS_SECONDS", interval)
+        monkeypatch.setattr(study_module, "PROGRESS_SECONDS", interval)
         lines: list[str] = []
-        return study.run_study(qk, config, lines.append), lines
+        return study_module.run_study(qk, config, lines.append), lines
 
     quiet, quiet_lines = records(60.0)
     loud, loud_lines = records(0.0)
