@@ -22,6 +22,10 @@ from typing import Any
 from sweeps.spec import SETTING, SweepSpec, setting_name
 from sweeps.trials import point_key
 
+RUN_FLAGS = ("collapsed", "diverged", "not_converged", "verdicts", "pruned", "failed")
+"""A table row's counts of flagged runs (:func:`sweeps.report.rows.rows`), summed over a point's
+settings in its task row."""
+
 
 def row_setting(row: dict[str, Any]) -> str | None:
     """The setting a table row ran at (its overlay's name), None for a spec without settings."""
@@ -54,7 +58,9 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
     ``best_lrs`` (``{setting: best lr}``, key None without settings), ``settings_done`` and
     ``settings`` (how many of the spec's settings have a row), and ``short_of_seeds``: every
     setting has a row but no seed has run at every setting's best lr (yet); ``unfinished`` and
-    ``not_started``: the settings' rows' counts summed (a provisional row). Incomplete points,
+    ``not_started``: the settings' rows' counts summed (a provisional row); the protocol's
+    flags of the settings' runs at their best lrs: :data:`RUN_FLAGS` summed, ``lr_at_edge``
+    (any setting's), ``seeds`` (the study's). Incomplete points,
     and those short of seeds, keep empty ``seed_values`` and ``seed_scores`` (``n`` 0, ``mean``
     and ``std`` nan)."""
     wanted = [setting_name(p) for p in spec.settings] or [None]
@@ -82,6 +88,9 @@ def task_rows(spec: SweepSpec, table: list[dict[str, Any]]) -> list[dict[str, An
             "short_of_seeds": complete and len(wanted) > 1 and not values,
             "unfinished": sum(int(m.get("unfinished") or 0) for m in by_setting.values()),
             "not_started": sum(int(m.get("not_started") or 0) for m in by_setting.values()),
+            **{k: sum(int(m.get(k) or 0) for m in members) for k in RUN_FLAGS},
+            "lr_at_edge": any(m.get("lr_at_edge") for m in members),
+            "seeds": max((int(m.get("seeds") or 0) for m in members), default=0),
         })
     return out
 

@@ -12,7 +12,9 @@ each setting is a run of its own, the mean over those runs, each at its setting'
 over the seeds; a method's aggregate is the mean
 of its cells over the tasks, with the std over the seeds every task has of each seed's mean
 over tasks. A cell with no finished run is missing (never 0), and so is the aggregate of a
-method missing on any task; a cell whose point has runs still to finish is marked partial.
+method missing on any task; a cell whose point has runs still to finish is marked partial, and
+one whose runs at the best lr the protocol flags (collapsed, not converged, pruned, ...: as the
+task's ``table.md`` flags its rows) is marked flagged, the flags listed under the table.
 
 :func:`write_suite` writes ``table.md`` (the progress of each task's study, the table, each
 cell's best lr, the specs' claims checked seed by seed per task), ``table.csv`` (one row per
@@ -31,6 +33,7 @@ import optuna
 from optuna.trial import TrialState
 
 from arbench.defaults import DEFAULT_N_LAYERS
+from arbench.objective import EXAMPLE_ACC
 from arbench.tables import markdown_table, write_csv
 from sweeps.names import trial_name
 from sweeps.report import study_trials
@@ -39,6 +42,7 @@ from sweeps.report.plots import write_heatmap
 from sweeps.report.rows import rows
 from sweeps.report.settings import lrs_text, task_rows
 from sweeps.report.table import claim_rows
+from sweeps.report.table import flags as row_flags
 from sweeps.spec import SETTING, SpecError, SweepSpec
 from sweeps.trials import (
     RESULTS,
@@ -60,11 +64,13 @@ AGGREGATE = "aggregate"
 @dataclass
 class Cell:
     """One method on one task: each seed's task score (a fraction) at the point's best lr
-    (``{setting: best lr}``, the key None for a task without settings)."""
+    (``{setting: best lr}``, the key None for a task without settings); ``flags``: the
+    protocol's warnings on its runs there (:func:`sweeps.report.table.flags`, "" for none)."""
 
     scores: dict[Any, float]
     best_lrs: dict[str | None, float]
     partial: bool = False
+    flags: str = ""
 
     @property
     def mean(self) -> float:
@@ -99,9 +105,11 @@ class Method:
         if not tasks or any(t not in self.cells for t in tasks):
             return None
         seeds = set.intersection(*(set(self.cells[t].scores) for t in tasks))
+        flagged = [t for t in tasks if self.cells[t].flags]
         return Cell({s: statistics.fmean(self.cells[t].scores[s] for t in tasks)
                      for s in sorted(seeds, key=str)}, best_lrs={},
-                    partial=any(self.cells[t].partial for t in tasks))
+                    partial=any(self.cells[t].partial for t in tasks),
+                    flags=f"flagged on {', '.join(flagged)}" if flagged else "")
 
 
 def aggregate_mean(method: Method, tasks: list[str]) -> float | None:
@@ -124,7 +132,8 @@ def task_names(specs: list[SweepSpec]) -> list[str]:
 
 def check_suite(specs: list[SweepSpec]) -> None:
     """One grid across the specs: the same grid (keys, values, order), model size and storage,
-    and a study each; else :class:`SpecError` in one line naming the first difference. The lr
+    the metric of the task scores (:func:`score_metric`) and the objective's direction, and a
+    study each; else :class:`SpecError` in one line naming the first difference. The lr
     sub-grids may differ (a task's profile may need its own)."""
     if not specs:
         raise SpecError("a suite needs at least one spec")
@@ -143,9 +152,20 @@ def check_suite(specs: list[SweepSpec]) -> None:
         if spec.size != first.size:
             raise SpecError(f"{spec.path} and {first.path} set different model sizes "
                             f"({spec.size} against {first.size}); a suite compares one grid")
+        if (score_metric(spec), spec.direction) != (score_metric(first), first.direction):
+            raise SpecError(f"{spec.path} and {first.path} judge runs differently ("
+                            f"{spec.direction} {spec.metric} against {first.direction} "
+                            f"{first.metric}); a suite's cells and aggregate need one metric")
         if spec.storage != first.storage:
             raise SpecError(f"{spec.path} and {first.path} name different storages: give the "
                             "suite's with --storage")
+
+
+def score_metric(spec: SweepSpec) -> str:
+    """The metric a spec's task scores are in: zoology's per-example accuracy where its
+    objective is that metric or a slice of it, else val/acc (:func:`sweeps.report.rows.
+    run_slices`)."""
+    return EXAMPLE_ACC if spec.metric.startswith(EXAMPLE_ACC) else "val/acc"
 
 
 def method_key(point: dict[str, Any]) -> tuple:
@@ -188,14 +208,19 @@ def task_cells(spec: SweepSpec, trials: Trials) -> tuple[dict[tuple, Cell], list
     """``({method key: Cell}, task rows)``: each method's task score per seed (the seeds whose
     runs recorded slices, at every setting), and the study's rows merged per method
     (:func:`~sweeps.report.settings.task_rows` of :func:`rows`; a row not yet run at every
-    setting has no cell, its ``settings_done`` says how far it is)."""
+    setting has no cell, its ``settings_done`` says how far it is). A cell's flags are its
+    task row's (:func:`sweeps.report.table.flags`), less the runs unfinished or not started
+    (the cell's ``partial``), its seeds counted as the cell's."""
     merged = task_rows(spec, rows(spec, trials))
     open_keys = unfinished_methods(spec, trials)
     cells = {}
     for row in merged:
         key = tuple(sorted(row["point"].items()))
         if row["seed_scores"]:
-            cells[key] = Cell(row["seed_scores"], row["best_lrs"], partial=key in open_keys)
+            warn = row_flags({**row, "n": len(row["seed_scores"]), "unfinished": 0,
+                              "not_started": 0})
+            cells[key] = Cell(row["seed_scores"], row["best_lrs"], partial=key in open_keys,
+                              flags=warn)
     return cells, merged
 
 
@@ -267,7 +292,8 @@ def pct(value: float) -> str:
 
 def cell_text(cell: Cell | None, mean: float | None = None,
               settings: tuple[int, int] | None = None) -> str:
-    """``"mean ± std (n)"`` in percent, ``*`` when partial; ``"–"`` when missing, and
+    """``"mean ± std (n)"`` in percent (``"mean (1)"`` for one seed, which has no spread),
+    ``*`` when partial, ``†`` when flagged; ``"–"`` when missing, and
     ``"– (1 of 3 settings)*"`` for a method not yet run at every setting of its task."""
     if settings is not None and (cell is None or not cell.n):
         if settings[0] == settings[1]:  # every setting has run, no seed at each one's best lr
@@ -276,7 +302,9 @@ def cell_text(cell: Cell | None, mean: float | None = None,
     if cell is None or not cell.n:
         return "–"
     shown = cell.mean if mean is None else mean
-    return f"{pct(shown)} ± {pct(cell.std)} ({cell.n}){'*' if cell.partial else ''}"
+    spread = f" ± {pct(cell.std)}" if cell.n > 1 else ""
+    marks = ("*" if cell.partial else "") + ("†" if cell.flags else "")
+    return f"{pct(shown)}{spread} ({cell.n}){marks}"
 
 
 def progress_line(task: str, spec: SweepSpec, done: dict[str, int] | None,
@@ -323,7 +351,10 @@ def suite_markdown(suite: Suite) -> list[str]:
           "has no cell. *state size*: floats of recurrent state of a conv and an attention "
           "layer, the default depth; a task whose profile deepens the model (its line below) "
           "holds that per such pair. – : no finished run. * : partial, runs of this point "
-          "(an lr, a seed or a setting) not finished yet, so its best lr may still change. Per-task "
+          "(an lr, a seed or a setting) not finished yet, so its best lr may still change. † : "
+          "flagged, the protocol's warnings on the runs behind the cell (collapsed, not "
+          "converged, pruned, fewer seeds than the study's, ...; listed below the table; an "
+          "aggregate: a task's cell is). Per-task "
           "tables, runs.csv and plots: `python -m sweeps report SPEC`.", "",
           f"Tasks done: {n_done} of {len(tasks)}.", "",
           *[progress_line(t, s, suite.progress[t], suite.models.get(t, ""))
@@ -341,6 +372,11 @@ def suite_markdown(suite: Suite) -> list[str]:
                      *[cell_text(m.cells.get(t), settings=m.settings_done.get(t))
                        for t in tasks], agg_text])
     md += markdown_table(header, body)
+    flagged = [f"- {m.label}, {t}: {m.cells[t].flags}" for m in suite.methods for t in tasks
+               if t in m.cells and m.cells[t].flags]
+    if flagged:
+        md += ["", "## Flags (†), per method and task (runs at the best lr; each task's "
+               "table.md flags them per row)", "", *flagged]
     md += ["", "## Best lr per task", "", *markdown_table(
         ["method", *tasks],
         [[m.label, *[lrs_text(m.cells[t].best_lrs) if t in m.cells else "–" for t in tasks]]
@@ -358,11 +394,13 @@ def suite_markdown(suite: Suite) -> list[str]:
 
 
 def suite_csv_rows(suite: Suite) -> tuple[list[dict[str, Any]], list[str]]:
-    """table.csv's rows (one per method; fractions; empty where missing) and its header."""
+    """table.csv's rows (one per method; fractions; empty where missing, and std for one
+    seed; ``<task>_flags`` a cell's flags as table.md lists them) and its header."""
     fields = ["method", "feature_map", "mixers", "m", "state_size"]
     for name in [*suite.tasks, AGGREGATE]:
         fields += [f"{name}_mean", f"{name}_std", f"{name}_n"]
-        fields += [f"{name}_best_lr", f"{name}_partial"] if name != AGGREGATE else []
+        fields += [f"{name}_best_lr", f"{name}_partial", f"{name}_flags"] \
+            if name != AGGREGATE else []
     fields += ["tasks"]
     out = []
     for m in suite.methods:
@@ -371,12 +409,14 @@ def suite_csv_rows(suite: Suite) -> tuple[list[dict[str, Any]], list[str]]:
         for t in suite.tasks:
             c = m.cells.get(t)
             row.update({f"{t}_mean": None, f"{t}_std": None, f"{t}_n": 0, f"{t}_best_lr": None,
-                        f"{t}_partial": True if t in m.settings_done else None} if c is None else
-                       {f"{t}_mean": c.mean, f"{t}_std": c.std, f"{t}_n": c.n,
-                        f"{t}_best_lr": csv_lrs(c.best_lrs), f"{t}_partial": c.partial})
+                        f"{t}_partial": True if t in m.settings_done else None,
+                        f"{t}_flags": None} if c is None else
+                       {f"{t}_mean": c.mean, f"{t}_std": c.std if c.n > 1 else None,
+                        f"{t}_n": c.n, f"{t}_best_lr": csv_lrs(c.best_lrs),
+                        f"{t}_partial": c.partial, f"{t}_flags": c.flags})
         agg = m.aggregate(suite.tasks)
         row.update({f"{AGGREGATE}_mean": aggregate_mean(m, suite.tasks),
-                    f"{AGGREGATE}_std": agg.std if agg is not None and agg.n else None,
+                    f"{AGGREGATE}_std": agg.std if agg is not None and agg.n > 1 else None,
                     f"{AGGREGATE}_n": agg.n if agg is not None else None})
         out.append(row)
     return out, fields

@@ -69,9 +69,10 @@ def test_bad_settings_stop_with_one_line(tmp_path, settings, extra, message):
     assert done.returncode != 0 and message in one_error_line(done.stderr)
 
 
-def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, float]]) -> None:
+def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, float]],
+           attrs: dict[tuple, dict] | None = None) -> None:
     """Record ``{(p, seed, lr, setting): (objective, slice accuracy)}`` as finished trials, each
-    run's one test slice named after its setting."""
+    run's one test slice named after its setting; ``attrs``: more user attrs of some runs."""
     spec = load_spec(spec_path)
     study = optuna.create_study(study_name=spec.study, storage=url, direction="maximize")
     for point in spec.points():
@@ -85,7 +86,8 @@ def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, float]]) ->
             state=TrialState.COMPLETE, value=value, params=point,
             distributions=point_distributions(point, spec, {}),
             user_attrs={"slices": {setting: acc}, "hparams": {
-                "feature_map": "LLoPS", "p": key[0], "m": 64, "rank": 1, "state_size": 2048}},
+                "feature_map": "LLoPS", "p": key[0], "m": 64, "rank": 1, "state_size": 2048},
+                **(attrs or {}).get(key, {})},
             system_attrs={"fixed_params": point}))
 
 
@@ -325,3 +327,24 @@ def test_a_queued_widened_lr_leaves_the_cell_partial_and_the_state_size_is_the_f
         [r for r in table if r["hparams"]["setting"] == S]
     merged = task_rows(spec, large_first)
     assert [r["hparams"]["state_size"] for r in merged] == [999, 999]
+
+
+def test_a_settings_flagged_runs_carry_to_the_task_row_and_the_suite_cell(tmp_path):
+    """p = 2: a collapsed run at the large setting's best lr (3e-3) counts, one at the small
+    setting's other lr (3e-3) does not; a diverged run at the small one's best lr counts (and
+    has not converged)."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    path = write_spec(tmp_path, "t_copy")
+    record(url, path, RUNS, attrs={(2, 0, 3e-3, L): {"collapsed_at": 500},
+                                   (2, 0, 3e-3, S): {"collapsed_at": 500},
+                                   (2, 1, 1e-3, S): {"diverged": "loss is nan"}})
+    spec = load_spec(path)
+    merged = task_rows(spec, rows(spec, optuna.load_study(study_name="t_copy",
+                                                          storage=url).get_trials()))
+    p2 = next(r for r in merged if r["hparams"]["p"] == 2)
+    assert (p2["collapsed"], p2["diverged"], p2["seeds"]) == (1, 1, 2)
+    assert main(["suite", str(path), "--storage", url, "--out", str(tmp_path / "s")]) == 0
+    with (tmp_path / "s" / "table.csv").open() as fh:
+        table = {r["method"]: r for r in csv.DictReader(fh)}
+    assert table["LLoPS p=2 m=64 t=1"]["t_copy_flags"] == \
+        "1 of 2 seeds; 1 diverged; 1 collapsed; 1 of 1 not converged; best lr at grid edge"

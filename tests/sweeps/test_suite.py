@@ -22,8 +22,8 @@ from test_sweeps import sweep
 
 from sweeps.__main__ import main
 from sweeps.params import point_distributions
-from sweeps.report.suite import task_names
-from sweeps.spec import load_spec
+from sweeps.report.suite import check_suite, task_names
+from sweeps.spec import SpecError, load_spec
 
 SUITE_SPECS = sorted((ROOT / "sweeps").glob("suite_*.yaml"))
 TASKS = ["mqar", "overwrite", "noisy_recall", "fuzzy_recall", "selective_copying"]
@@ -40,9 +40,10 @@ def write_spec(tmp: Path, study: str, p: list[int] = (2, 4)) -> Path:
 
 
 def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, dict]],
-           model: dict | None = None) -> None:
+           model: dict | None = None, attrs: dict[tuple, dict] | None = None) -> None:
     """Record ``{(p, seed, lr): (objective, slices)}`` as finished trials of the spec's study;
-    ``model``: hparams the task's profile set (its state size scales with ``n_layers``)."""
+    ``model``: hparams the task's profile set (its state size scales with ``n_layers``);
+    ``attrs``: more user attrs of some runs (``{(p, seed, lr): {name: value}}``)."""
     spec = load_spec(spec_path)
     study = optuna.create_study(study_name=spec.study, storage=url, direction="maximize")
     for point in spec.points():
@@ -57,7 +58,8 @@ def record(url: str, spec_path: Path, runs: dict[tuple, tuple[float, dict]],
             distributions=point_distributions(point, spec, {}),
             user_attrs={"slices": slices, "hparams": {
                 "feature_map": "LLoPS", "p": p, "m": 64, "rank": 1, **(model or {}),
-                "state_size": 64 * 32 * (model or {}).get("n_layers", 2) // 2}},
+                "state_size": 64 * 32 * (model or {}).get("n_layers", 2) // 2},
+                **(attrs or {}).get(key, {})},
             system_attrs={"fixed_params": point}))
 
 
@@ -110,8 +112,9 @@ def test_the_aggregate_is_the_mean_over_tasks_of_the_mean_over_slices(two_tasks,
     assert float(row["aggregate_std"]) == pytest.approx(statistics.stdev(per_seed))
     assert (row["aggregate_n"], row["tasks"]) == ("2", "2")
     table = (out / "table.md").read_text()
-    assert "| LLoPS p=2 m=64 t=1 | 2048 | 75.0 ± 7.1 (2) | 35.0 ± 7.1 (2) | 55.0 ± 7.1 (2) |" \
-        in table
+    # two lrs: every best lr sits at an edge of them, a flag (†) of each cell and the aggregate
+    assert "| LLoPS p=2 m=64 t=1 | 2048 | 75.0 ± 7.1 (2)† | 35.0 ± 7.1 (2)† | " \
+        "55.0 ± 7.1 (2)† |" in table
 
 
 def test_each_task_picks_each_points_best_lr(two_tasks, tmp_path):
@@ -136,7 +139,7 @@ def test_missing_cells_show_as_missing_and_a_partial_run_says_how_far_it_is(two_
     assert (row["beta_mean"], row["beta_n"], row["gamma_mean"]) == ("", "0", "")
     assert (row["aggregate_mean"], row["aggregate_std"], row["tasks"]) == ("", "", "1")
     table = (out / "table.md").read_text()
-    assert "| LLoPS p=4 m=64 t=1 | 2048 | 55.0 ± 7.1 (2)* | – | – | – (1 of 3 tasks) |" in table
+    assert "| LLoPS p=4 m=64 t=1 | 2048 | 55.0 ± 7.1 (2)*† | – | – | – (1 of 3 tasks) |" in table
     assert "- alpha: study `t_alpha`, smoke profile, 7 of 8 runs done" in table
     assert "- beta: study `t_beta`, smoke profile, 4 of 8 runs done" in table
     assert "- gamma: study `t_gamma`, smoke profile, not started (0 of 8 runs)" in table
@@ -145,6 +148,63 @@ def test_missing_cells_show_as_missing_and_a_partial_run_says_how_far_it_is(two_
     # alpha provisional, since one of its runs has not started (7 of 8)
     assert "| p=4 > p=2 | 0 of 2, -10.0 ± 0.0 (provisional) | not checked (0 rows match better " \
         "{'p': 4}) | – |" in table
+
+
+def test_runs_the_protocol_flags_flag_the_cell_and_the_aggregate(tmp_path):
+    """A collapsed run and one that did not converge at p = 2's best lr on alpha (1e-3), and a
+    collapsed run at its other lr (not counted): the cell and the aggregate say so (†), and the
+    flags are listed as the task's table.md lists its row's; p = 2 on beta has only the edge's."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    specs = [write_spec(tmp_path, "t_alpha"), write_spec(tmp_path, "t_beta")]
+    record(url, specs[0], ALPHA, attrs={(2, 0, 1e-3): {"collapsed_at": 900},
+                                        (2, 1, 1e-3): {"converged": False},
+                                        (2, 0, 3e-3): {"collapsed_at": 300}})
+    record(url, specs[1], BETA)
+    out = tmp_path / "suite"
+    assert suite(url, specs, out) == 0
+    md = (out / "table.md").read_text()
+    assert "| LLoPS p=2 m=64 t=1 | 2048 | 75.0 ± 7.1 (2)† | 35.0 ± 7.1 (2)† | " \
+        "55.0 ± 7.1 (2)† |" in md
+    assert "- LLoPS p=2 m=64 t=1, alpha: 1 collapsed; 1 of 1 not converged; best lr at grid " \
+        "edge" in md
+    assert "- LLoPS p=2 m=64 t=1, beta: best lr at grid edge" in md
+    row = csv_rows(out)["LLoPS p=2 m=64 t=1"]
+    assert row["alpha_flags"] == "1 collapsed; 1 of 1 not converged; best lr at grid edge"
+    assert row["beta_flags"] == "best lr at grid edge"
+
+
+def test_one_seed_shows_no_spread(tmp_path):
+    """As in a task's table: a cell (and an aggregate) of one seed has no ± 0.0, and table.csv
+    leaves its std empty."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    specs = [write_spec(tmp_path, "t_alpha"), write_spec(tmp_path, "t_beta")]
+    record(url, specs[0], {k: v for k, v in ALPHA.items() if k[1] == 0})
+    record(url, specs[1], {k: v for k, v in BETA.items() if k[1] == 0})
+    out = tmp_path / "suite"
+    assert suite(url, specs, out) == 0
+    assert "| LLoPS p=2 m=64 t=1 | 2048 | 70.0 (1)*† | 30.0 (1)*† | 50.0 (1)*† |" in \
+        (out / "table.md").read_text()
+    row = csv_rows(out)["LLoPS p=2 m=64 t=1"]
+    assert (row["alpha_std"], row["aggregate_std"], row["alpha_n"], row["aggregate_n"]) == \
+        ("", "", "1", "1")
+    assert float(row["aggregate_mean"]) == pytest.approx(0.5)
+
+
+def test_tasks_judged_by_different_metrics_are_no_suite(tmp_path):
+    """Zoology's per-example accuracy on one task and val/acc on another would average two
+    metrics in the aggregate; a per-slice objective of the same metric is fine."""
+    def spec(study: str, objective: dict | None):
+        path = write_spec(tmp_path, study)
+        raw = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**raw, **({"objective": objective} if objective
+                                                  else {})}))
+        return load_spec(path)
+
+    plain = spec("t_plain", None)
+    check_suite([plain, spec("t_slice", {"metric": "val/acc_L64_N8"})])
+    with pytest.raises(SpecError, match=r"judge runs differently \(maximize val/example_acc "
+                       r"against maximize val/acc\)"):
+        check_suite([plain, spec("t_zoology", {"metric": "val/example_acc"})])
 
 
 def test_a_task_profiles_model_settings_show_on_its_line_not_in_the_method(tmp_path):
