@@ -12,7 +12,9 @@ A run the source study's pruner stopped stands for its point too, in a study tha
 (``pruner:`` set; the shipped studies that reuse pruned runs share one halving rule): it comes
 as a PRUNED trial with its curve and its rung values (``completed_rung_*``), so the new runs of
 its bracket are weighed against the same rung values as in the source study, and a bracket
-reused whole is decided as it was there. A study without a pruner trains those points.
+reused whole is decided as it was there. A study without a pruner trains those points, and so
+does a grid study at an lr beyond its ``lr:`` sub-grid (``--widen``'s), which its pruner never
+stops (:func:`runs_whole_budget`).
 
 A reused run is valued by the reusing study's objective, as the run recorded it (its summary:
 ``val_acc``, ``example_acc``, per slice). Where the source study's objective is another metric
@@ -28,6 +30,7 @@ then, not trained twice. A point already begun (it has a ``last.ckpt``) carries 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +44,7 @@ from arbench.defaults import DEFAULT_PRECISION
 from arbench.objective import ACC, summary_value
 from sweeps.command import trial_args
 from sweeps.spec import SweepSpec
-from sweeps.trials import RESULTS, study_metric
+from sweeps.trials import LR, RESULTS, study_metric
 
 IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
            ("trainer", "enable_model_summary"), ("config",), ("ckpt_path",),
@@ -101,9 +104,10 @@ def saved_experiment(trial: optuna.trial.FrozenTrial) -> str | None:
 _NOTED: set[str] = set()
 """Reuse studies already noted as not run, by name."""
 
-_SAVED: dict[tuple[int, str], str | None] = {}
-""":func:`saved_experiment` of finished trials by (trial id, storage URL): a finished trial's
-configuration never changes, and a worker looks the reuse studies up before every point."""
+_SAVED: dict[tuple[int, str, str], str | None] = {}
+""":func:`saved_experiment` of finished trials by (trial id, storage URL, the configuration or
+run folder it saved): a finished trial's configuration never changes, and a worker looks the
+reuse studies up before every point; a deleted study's trial ids go to new trials again."""
 
 
 class Source(NamedTuple):
@@ -146,7 +150,8 @@ def finished_experiments(study_names: list[str], storage: Any, metric: str = ACC
                 value = t.value if same else summary_value(t.user_attrs, metric)
                 if value is None:
                     continue
-            cache_key = (t._trial_id, str(getattr(storage, "url", storage)))
+            cache_key = (t._trial_id, str(getattr(storage, "url", storage)),
+                         str(t.user_attrs.get("config") or t.user_attrs.get("log_dir")))
             if cache_key not in _SAVED:
                 try:
                     _SAVED[cache_key] = saved_experiment(t)
@@ -181,10 +186,19 @@ def reuse_trial(point: dict[str, Any], source: Source,
         user_attrs=user_attrs, system_attrs={**rungs, "fixed_params": point})
 
 
+def runs_whole_budget(spec: SweepSpec, point: dict[str, Any]) -> bool:
+    """Whether ``spec``'s pruner never stops ``point``'s run: on a grid, an lr beyond the spec's
+    ``lr:`` sub-grid (``--widen``'s), as :meth:`sweeps.pruning.BracketPruner.widened` says."""
+    lr = point.get(LR)
+    return spec.sampler == "grid" and bool(spec.lr) and lr is not None and not any(
+        math.isclose(float(lr), float(g), rel_tol=1e-9) for g in spec.lr)
+
+
 def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
                      storage: Any) -> dict[int, Source]:
     """``{index in points: Source}`` for the points a finished run stands for (the same
-    experiment, :func:`experiment`), valued by ``spec``'s objective."""
+    experiment, :func:`experiment`), valued by ``spec``'s objective; a pruned run never
+    stands for a point this study's pruner would not stop (:func:`runs_whole_budget`)."""
     if not spec.reuse:
         return {}
     done = finished_experiments(spec.reuse, storage, spec.metric, pruned=spec.pruner != "none")
@@ -192,9 +206,10 @@ def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],
     for i, point in enumerate(points):
         if any(str(v).startswith("best:") for v in point.values()):
             continue
-        key = experiment(trial_args(spec, point, "runs", "reuse"))
-        if key in done:
-            out[i] = done[key]
+        found = done.get(experiment(trial_args(spec, point, "runs", "reuse")))
+        if found is not None and not (found.trial.state == TrialState.PRUNED
+                                      and runs_whole_budget(spec, point)):
+            out[i] = found
     return out
 
 

@@ -3,12 +3,14 @@
 import shutil
 
 import optuna
-from optuna.distributions import IntDistribution
+from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 from paths import SMOKE, config
 from test_sweeps import sweep, write_spec
 
-from sweeps.reuse import experiment
+from sweeps.command import trial_args
+from sweeps.reuse import _parse_only_cli, experiment, same_experiments
+from sweeps.spec import load_spec
 
 
 def test_the_same_experiment_written_two_ways_is_equal():
@@ -155,3 +157,53 @@ def test_a_reused_run_is_valued_by_the_reusing_studys_objective(tmp_path):
     assert reused.intermediate_values == {}
     assert not any(k.startswith("completed_rung_") for k in reused.system_attrs)
     assert not trials[1].user_attrs.get("reused_from")  # trained: its curve is val/acc's
+
+
+def recorded_config(spec, point):
+    """The ``config`` user attr a worker records for ``point`` of ``spec``."""
+    cli = _parse_only_cli(trial_args(spec, point, "runs", "run"))
+    return cli.parser.dump(cli.config, skip_none=False)
+
+
+def add_finished(study, spec, point, state=TrialState.COMPLETE):
+    """A finished run of ``point`` (a pruned one after one validation, at its rung)."""
+    pruned = state == TrialState.PRUNED
+    study.add_trial(optuna.trial.create_trial(
+        state=state, value=None if pruned else 0.5, params=point,
+        distributions={k: FloatDistribution(v, v) if isinstance(v, float)
+                       else IntDistribution(v, v) for k, v in point.items()},
+        intermediate_values={3: 0.25} if pruned else {},
+        user_attrs={"config": recorded_config(spec, point), "val_acc": 0.5},
+        system_attrs={"fixed_params": point, **({"completed_rung_0": 0.25} if pruned else {})}))
+
+
+def test_a_pruned_run_is_not_reused_at_an_lr_this_studys_pruner_never_stops(tmp_path):
+    """An lr beyond the spec's ``lr:`` (``--widen``'s) runs its whole budget here
+    (``BracketPruner.widened``): a run another study's pruner stopped there is not its run."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    spec = load_spec(write_spec(tmp_path, "pruning", {"seed_everything": [0]}, reuse=["stopped"],
+                                pruner={"type": "halving", "min_resource": 3}))
+    assert spec.lr == [3e-3]
+    stopped = optuna.create_study(study_name="stopped", storage=url, direction="maximize")
+    stopped.set_user_attr("metric", "val/acc")
+    points = [{"seed_everything": 0, "model.lr": lr} for lr in (3e-3, 1e-2)]
+    for point in points:
+        add_finished(stopped, spec, point, TrialState.PRUNED)
+    assert list(same_experiments(spec, points, url)) == [0]
+
+
+def test_a_study_deleted_and_run_again_is_read_afresh(tmp_path):
+    """Trial ids of a deleted study are given again (SQLite): a worker's cache of saved
+    configurations must not take a new run for the one the id named before."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    spec = load_spec(write_spec(tmp_path, "later", {"seed_everything": [0, 1]}, reuse=["first"]))
+    points = spec.points()
+    first = optuna.create_study(study_name="first", storage=url, direction="maximize")
+    first.set_user_attr("metric", "val/acc")
+    add_finished(first, spec, points[0])
+    assert list(same_experiments(spec, points, url)) == [0]
+    optuna.delete_study(study_name="first", storage=url)
+    first = optuna.create_study(study_name="first", storage=url, direction="maximize")
+    first.set_user_attr("metric", "val/acc")
+    add_finished(first, spec, points[1])
+    assert list(same_experiments(spec, points, url)) == [1]
