@@ -132,7 +132,8 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
     differ by at most ``tolerance`` = max(the ``worse`` row's seed std, t points), and
     ``mean_gap``. A claim whose rows are missing or ambiguous, or (task rows) not yet run at
     every setting, says so in ``status``. A claim whose rows still have runs unfinished or not
-    started (``unfinished``, ``not_started``: their best lr may change) is ``provisional``."""
+    started (``unfinished``, ``not_started``: their best lr may change) is ``provisional``;
+    ``seeds``: the study's seed count (the rows' ``seeds``), against which ``n`` may fall short."""
     out = []
     for claim in claims:
         picked = []
@@ -157,6 +158,7 @@ def claim_rows(table: list[dict[str, Any]], claims: list[dict[str, Any]]) -> lis
             continue
         a, b = picked
         row["provisional"] = any(r.get("unfinished") or r.get("not_started") for r in picked)
+        row["seeds"] = max(int(r.get("seeds") or 0) for r in picked)  # the study's seed count
         seeds = sorted(set(a["seed_values"]) & set(b["seed_values"]), key=str)
         gaps = [a["seed_values"][s] - b["seed_values"][s] for s in seeds]
         row.update(k=sum(g > 0 for g in gaps), n=len(gaps),
@@ -190,7 +192,8 @@ def relative_gain(better: list[float], worse: list[float]) -> float:
 
 
 def claims_text(rows: list[dict[str, Any]]) -> list[str]:
-    """Markdown lines: "claim: holds in k of n seeds, mean gap ± std points"."""
+    """Markdown lines: "claim: holds in k of n seeds, mean gap ± std points", saying so when n
+    is short of the study's seeds."""
     lines = []
     for r in rows:
         if r["status"] != "ok" or not r["n"]:
@@ -205,8 +208,10 @@ def claims_text(rows: list[dict[str, Any]]) -> list[str]:
             "side's seed std or the claim's points)")
         pending = " (provisional: runs unfinished, the best lr may change)" \
             if r.get("provisional") else ""
+        short = f" (only {r['n']} of the study's {r['seeds']} seeds have a result on both sides)" \
+            if r.get("seeds") and r["n"] < r["seeds"] else ""
         lines.append(f"- {r['claim']}: holds in {r['k']} of {r['n']} seeds, mean gap "
-                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}{parity}{pending}")
+                     f"{100 * r['gap_mean']:+.1f}{spread} points{paper}{parity}{short}{pending}")
     return lines
 
 

@@ -407,6 +407,24 @@ def test_claims_are_checked_seed_by_seed():
     assert text[2].startswith("- LLoPS > BASED: not checked (0 rows match")
 
 
+def test_a_claim_short_of_the_studys_seeds_says_so():
+    """A seed with no result on one side (a failed run) leaves the claim's n below the
+    study's seed count: the line says how many, never a bare "2 of 2"."""
+    from sweeps.report.table import claim_rows, claims_text
+
+    def row(p, values):
+        return {"hparams": {"p": p}, "seed_values": dict(enumerate(values)), "seeds": 3}
+
+    claims = [{"name": "p=4 > p=2", "better": {"p": 4}, "worse": {"p": 2}}]
+    short, = claim_rows([row(2, [0.80, 0.85]), row(4, [0.90, 0.95, 0.99])], claims)
+    assert (short["k"], short["n"], short["seeds"]) == (2, 2, 3)
+    assert claims_text([short])[0] == ("- p=4 > p=2: holds in 2 of 2 seeds, mean gap +10.0 ± "
+                                       "0.0 points (only 2 of the study's 3 seeds have a "
+                                       "result on both sides)")
+    whole, = claim_rows([row(2, [0.80, 0.85, 0.9]), row(4, [0.90, 0.95, 0.99])], claims)
+    assert "only" not in claims_text([whole])[0]
+
+
 def test_a_parity_claim_compares_the_means_with_the_reference_spread():
     from sweeps.report.table import claim_rows, claims_text
 
