@@ -144,13 +144,34 @@ def by_point_and_lr(trials: Trials) -> dict[tuple, dict[float, Trials]]:
     """Finished ``trials`` (completed, or pruned after at least one validation) grouped by
     point (:func:`point_key`), then by lr. A pruned run stays in its lr's group, counted by
     :func:`run_value`: leaving it out would average that lr over only the seeds that survived
-    halving."""
+    halving. A seed with two finished runs at one point and lr counts once, by the run
+    :func:`seed_run` picks (runs.csv keeps both)."""
     grouped: dict[tuple, dict[float, Trials]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
         if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED
                                               and t.intermediate_values):
             grouped[point_key(t.params)][t.params.get(LR, 0.0)].append(t)
+    for by_lr in grouped.values():
+        for lr, runs in by_lr.items():
+            by_lr[lr] = one_run_per_seed(runs)
     return grouped
+
+
+def seed_run(runs: Trials) -> optuna.trial.FrozenTrial:
+    """Of one seed's finished runs at one point and lr, the one that counts: a completed run
+    before a pruned one (it ran its whole budget), then the latest (highest trial number)."""
+    return max(runs, key=lambda t: (t.state == TrialState.COMPLETE, t.number))
+
+
+def one_run_per_seed(runs: Trials) -> Trials:
+    """``runs`` (one point and lr) with each seed's duplicates replaced by :func:`seed_run`'s
+    pick, in trial order; runs without a seed are all kept."""
+    by_seed: dict[Any, Trials] = defaultdict(list)
+    for t in runs:
+        if SEED in t.params:
+            by_seed[t.params[SEED]].append(t)
+    kept = {id(seed_run(same)) for same in by_seed.values()}
+    return [t for t in runs if SEED not in t.params or id(t) in kept]
 
 
 def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:

@@ -40,6 +40,21 @@ def test_an_exact_tie_picks_the_middle_lr_so_no_edge_is_flagged():
     assert best_lr(next(iter(by_point_and_lr(two).values()))) == 1e-3
 
 
+def test_a_seed_run_twice_counts_once_by_its_latest_completed_run():
+    """Two finished runs of one seed at one lr (a rerun, a worker thought dead that finished):
+    the lr's mean and n count the seed once, by its latest completed run."""
+    trials = [trial(1e-3, s, 0.9) for s in (0, 1, 2)]
+    again = trial(1e-3, 0, 0.6)
+    pruned = trial(1e-3, 1, state=TrialState.PRUNED, curve={250: 0.1})
+    for number, t in enumerate([*trials, again, pruned]):
+        t.number = number
+    (row,) = rows(SPEC, [*trials, again, pruned])
+    assert row["n"] == 3 and row["seed_values"] == {0: 0.6, 1: 0.9, 2: 0.9}
+    assert row["mean"] == sum((0.6, 0.9, 0.9)) / 3
+    (by_lr,) = by_point_and_lr([*trials, again, pruned]).values()
+    assert [t.number for t in by_lr[1e-3]] == [1, 2, 3]
+
+
 def test_a_failed_run_is_flagged_and_so_are_missing_seeds():
     """lr 3e-3 lost seed 0 to a failure: its mean over the two others (0.95) wins, and the
     row says so instead of reading as a 3-seed mean."""
