@@ -26,8 +26,11 @@ or more lrs.
 from __future__ import annotations
 
 import itertools
+import math
+import random
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,18 +72,39 @@ def halving_args(trials: Trials) -> dict[str, Any]:
     return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2)}
 
 
+def beyond_grid(lr: Any, grid_lrs: Sequence[float] | None) -> bool:
+    """Whether ``lr`` lies outside the spec's ``grid_lrs`` (an lr ``--widen`` added), which
+    the live pruner never stops (:meth:`sweeps.pruning.BracketPruner.widened`)."""
+    return grid_lrs is not None and lr is not None and not any(
+        math.isclose(float(lr), float(g), rel_tol=1e-9) for g in grid_lrs)
+
+
+def best_mean_lr(means: dict[float, float], maximize: bool) -> float:
+    """The lr of the best mean; of lrs that tie exactly, the one nearest the middle of the
+    lrs, as :func:`~sweeps.trials.best_lr` picks the full grid's."""
+    sign = 1 if maximize else -1
+    top = max(sign * m for m in means.values())
+    order = sorted(means)
+    middle = (len(order) - 1) / 2
+    return min((lr for lr in order if sign * means[lr] == top),
+               key=lambda lr: (abs(order.index(lr) - middle), lr))
+
+
 def replay_bracket(runs: Trials, direction: str, args: dict[str, Any],
-                   metric: str = ACC) -> dict[int, tuple[float, int, bool]]:
+                   metric: str = ACC, grid_lrs: Sequence[float] | None = None,
+                   ) -> dict[int, tuple[float, int, bool]]:
     """Feed ``runs`` (one point and seed, trial order) to a fresh halving pruner, each run's
-    curve of ``metric`` (the study's objective, its value's metric); returns
-    ``{trial number: (value reached, steps spent, pruned)}``."""
+    curve of ``metric`` (the study's objective, its value's metric); a run at an lr beyond
+    ``grid_lrs`` runs whole, as live; returns ``{trial number: (value reached, steps spent,
+    pruned)}``."""
     study = optuna.create_study(direction=direction,
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(**args))
     out = {}
     for run in runs:
         live = study.ask()
         best, steps, pruned = None, int(run.user_attrs.get("global_step") or 0), False
-        for step, value in objective_curve(run, metric):
+        whole = beyond_grid(run.params.get(LR), grid_lrs)
+        for step, value in ([] if whole else objective_curve(run, metric)):
             best = value if best is None else (max(best, value) if direction == "maximize"
                                                else min(best, value))
             live.report(value, int(step))
@@ -97,10 +121,12 @@ def replay_bracket(runs: Trials, direction: str, args: dict[str, Any],
 
 
 def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | None = None,
-           order: dict[float, int] | None = None, metric: str = ACC) -> list[PointReplay]:
+           order: dict[float, int] | None = None, metric: str = ACC,
+           grid_lrs: Sequence[float] | None = None) -> list[PointReplay]:
     """:class:`PointReplay` for every point of the completed ``trials`` that kept curves;
     ``args``: the pruner's (default :func:`halving_args`); ``order``: the rank of
-    each lr within a bracket (default: the runs' trial order)."""
+    each lr within a bracket (default: the runs' trial order; an lr it lacks goes last);
+    ``grid_lrs``: the spec's lrs, beyond which a run is never stopped (:func:`beyond_grid`)."""
     done = with_curves(trials, metric)
     args = args or halving_args(done)
     maximize = direction == "maximize"
@@ -115,14 +141,13 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
         reached: dict[int, tuple[float, int, bool]] = {}
         for runs in brackets.values():
             key = (lambda t: t.number) if order is None else \
-                (lambda t: (order[t.params.get(LR)], t.number))
-            reached |= replay_bracket(sorted(runs, key=key), direction, args, metric)
+                (lambda t: (order.get(t.params.get(LR), len(order)), t.number))
+            reached |= replay_bracket(sorted(runs, key=key), direction, args, metric, grid_lrs)
         means = {lr: statistics.fmean(reached[t.number][0] for t in runs)
                  for lr, runs in by_lr.items()}
-        pick = max if maximize else min
         out.append(PointReplay(
             point=point, best_full=best_lr(by_lr, maximize),
-            best_halving=pick(means, key=means.__getitem__),
+            best_halving=best_mean_lr(means, maximize),
             steps_full=sum(int(t.user_attrs.get("global_step") or 0)
                            for runs in by_lr.values() for t in runs),
             steps_halving=sum(v[1] for v in reached.values()),
@@ -146,24 +171,38 @@ MAX_ORDERS = 120
 """At most this many lr orders are replayed (every order of up to 5 lrs)."""
 
 
+def lr_orders(lrs: list[float]) -> list[tuple[float, ...]]:
+    """Every order of ``lrs``; of more than :data:`MAX_ORDERS`, that many distinct ones drawn
+    at random (seeded), not the first in lexicographic order, which all run the lowest lrs
+    first."""
+    if math.factorial(len(lrs)) <= MAX_ORDERS:
+        return list(itertools.permutations(lrs))
+    rng, orders = random.Random(0), {}
+    while len(orders) < MAX_ORDERS:
+        orders.setdefault(tuple(rng.sample(lrs, len(lrs))), None)
+    return list(orders)
+
+
 def order_checks(trials: Trials, direction: str, args: dict[str, Any],
                  fractions: tuple[float, ...] = (1 / 6, 1 / 3, 1 / 2),
-                 metric: str = ACC) -> list[OrderCheck]:
+                 metric: str = ACC, grid_lrs: Sequence[float] | None = None,
+                 ) -> list[OrderCheck]:
     """Halving replayed with its first rung at each of ``fractions`` of the longest run, under
     every order of the lrs within a bracket. In a live sweep the order is the order runs reach
     each rung, which retries and parallel workers change; a setting whose best lr depends on
-    it is not one to trust."""
+    it is not one to trust. Runs beyond ``grid_lrs`` never compete, so only the grid's lrs
+    are ordered."""
     done = with_curves(trials, metric)
     longest = longest_run(done)
-    lrs = sorted({t.params.get(LR) for t in done})
-    orders = list(itertools.islice(itertools.permutations(lrs), MAX_ORDERS))
+    lrs = sorted({t.params.get(LR) for t in done} - {None}, key=float)
+    orders = lr_orders([lr for lr in lrs if not beyond_grid(lr, grid_lrs)])
     out = []
     for fraction in fractions:
         step_args = {**args, "min_resource": max(1, int(longest * fraction))}
         kept, spent = [], []
         for perm in orders:
             replays = replay(done, direction, step_args, {lr: i for i, lr in enumerate(perm)},
-                             metric)
+                             metric, grid_lrs)
             kept.append(sum(r.best_full == r.best_halving for r in replays))
             spent.append(sum(r.steps_halving for r in replays) /
                          max(1, sum(r.steps_full for r in replays)))
@@ -222,9 +261,12 @@ def write_halving(spec: Any, trials: Trials, out: Any) -> list[Any]:
     if all(len(by_lr) < 2 for by_lr in by_point_and_lr(done).values()):
         return []
     args = halving_args(done)
+    grid_lrs = getattr(spec, "lr", None) or None  # --widen's lrs beyond it run whole
     path = out / "halving.md"
     path.write_text("\n".join([
         "# Successive halving on the lr sub-grid", "",
-        *halving_text(replay(done, spec.direction, args, metric=metric), args, metric),
-        *order_text(order_checks(done, spec.direction, args, metric=metric))]) + "\n")
+        *halving_text(replay(done, spec.direction, args, metric=metric, grid_lrs=grid_lrs),
+                      args, metric),
+        *order_text(order_checks(done, spec.direction, args, metric=metric,
+                                 grid_lrs=grid_lrs))]) + "\n")
     return [path]

@@ -1,15 +1,14 @@
 """Widening a point's lr sub-grid where its best lr sits at an edge (``run --widen N``).
 
 A grid point whose trials have all finished and whose best lr (mean over seeds) is the lowest
-or the highest lr tried gets one more lr beyond that edge, a step as wide as the last one
-(``lr_edge² / lr_next``, e.g. 9e-5 below {3e-4, 1e-3, 3e-3}), for each seed that ran at the
-best lr. At most ``max_added`` lrs are added on each side of the spec's own lrs, counting every
-lr a point has tried, and an lr it has tried once is never queued again (a widened lr whose
-runs all failed ends the widening there, where it would otherwise be queued on every round).
-The rule is
-the same for every point, so no method gets a wider search than another unless its own
-results ask for it; ``python -m sweeps run SPEC --widen N`` applies it until no point is at
-an edge (or each has N added lrs there).
+or the highest lr tried (failed runs' lrs included) gets one more lr beyond that edge, a step
+as wide as the last one (``lr_edge² / lr_next``, e.g. 9e-5 below {3e-4, 1e-3, 3e-3}), for
+each seed that ran at the best lr. At most ``max_added`` lrs are added on each side of the
+spec's own lrs, counting every lr a point has tried, and an lr it has tried once is never
+queued again (a widened lr whose runs all failed ends the widening there, where it would
+otherwise be queued on every round). The rule is the same for every point, so no method
+gets a wider search than another unless its own results ask for it; ``python -m sweeps run
+SPEC --widen N`` applies it until no point is at an edge (or each has N added lrs there).
 
 Grid numbers are recorded with one-value int/float distributions
 (:func:`sweeps.params.fixed_distribution`), which Optuna lets differ between trials, so a
@@ -53,8 +52,10 @@ def widened_points(study: optuna.Study, spec: SweepSpec, max_added: int) -> list
         tried[point_key(grid_point(t))].add(grid_point(t).get(LR))
     queued = []
     for point, by_lr in by_point_and_lr(trials).items():
-        lrs = sorted(by_lr)
-        if point in busy or len(lrs) < 2:
+        # the edges of every lr tried, failed ones too: an inner lr whose runs all failed
+        # neither makes its neighbour an edge nor widens the step beyond it
+        lrs = sorted(lr for lr in tried[point] if lr is not None)
+        if point in busy or len(by_lr) < 2:
             continue
         best = best_lr(by_lr, spec.direction == "maximize")
         if best not in (lrs[0], lrs[-1]):

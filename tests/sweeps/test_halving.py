@@ -119,3 +119,67 @@ def test_the_replay_follows_the_curve_of_the_studys_objective():
     del trials[0].user_attrs["example_curve"]
     [fewer] = replay(trials, args=args, metric="val/example_acc")
     assert fewer.steps_full == 5 * 3000
+
+
+def test_a_tie_at_every_lr_keeps_the_full_grids_best_lr():
+    # every lr reaches 100 %, nothing is stopped: halving's best lr is the full grid's (the
+    # tie's middle lr), not whichever lr comes first
+    trials = grid({2: [0.5, 0.5, 0.5]})
+    [point] = replay(trials, args={"min_resource": 1500, "reduction_factor": 3})
+    assert point.pruned == {}
+    assert point.best_full == point.best_halving == 1e-3
+
+
+def test_a_widened_lr_runs_whole_in_the_replay_as_the_live_pruner_runs_it(tmp_path):
+    from types import SimpleNamespace
+
+    import optuna
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    from sweeps.halving import write_halving
+    from sweeps.pruning import BracketPruner
+
+    # the grid's 3e-4 is best of its lrs; 9e-5, added by --widen after them, starts slowest
+    # and ends best: the live pruner never stops it, so neither may the replay
+    trials = grid({2: [0.08, 0.02, 0.01]})
+    late = [0.01] * 8 + [0.5, 0.9, 1.0, 1.0]
+    trials += [curve_run(len(trials) + seed, 9e-5, seed, late) for seed in (0, 1)]
+    args = {"min_resource": 1500, "reduction_factor": 3}
+    lrs = [3e-4, 1e-3, 3e-3]
+    spec = SimpleNamespace(pruner="none", direction="maximize", metric="val/acc", lr=lrs)
+    [path] = write_halving(spec, trials, tmp_path)  # the spec's lrs tell the widened ones
+    assert "| p=2 | 9e-05 | 9e-05 | yes |" in path.read_text()
+    [point] = replay(trials, args=args, grid_lrs=lrs)
+    assert not any(lr == 9e-5 for lr, _ in point.pruned)
+    assert point.best_full == point.best_halving == 9e-5
+    # the same curves fed live, in trial order, to the sweep's pruner: the same runs stop
+    live = optuna.create_study(direction="maximize", pruner=BracketPruner(
+        optuna.pruners.SuccessiveHalvingPruner(**args), grid_lrs=lrs))
+    stopped = {}
+    for t in trials:
+        lr, seed = t.params["model.lr"], t.params["seed_everything"]
+        trial = live.ask({"p": IntDistribution(2, 2), "model.lr": FloatDistribution(lr, lr),
+                          "seed_everything": IntDistribution(seed, seed)})
+        for step, value in t.user_attrs["val_curve"]:
+            trial.report(value, step)
+            if trial.should_prune():
+                stopped[(lr, seed)] = step
+                break
+        live.tell(trial, None if (lr, seed) in stopped else t.value,
+                  state=optuna.trial.TrialState.PRUNED if (lr, seed) in stopped else None)
+    assert stopped == point.pruned
+
+
+def test_order_checks_of_more_than_five_lrs_do_not_all_run_the_lowest_lr_first():
+    from sweeps.halving import MAX_ORDERS, order_checks
+
+    # six lrs (720 orders, more than MAX_ORDERS): the lowest starts slowest and ends best, so
+    # halving keeps it only when it reaches the rung first; the orders replayed must not all
+    # be the lexicographically first ones, which all start with it
+    lrs = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    slow = [0.05] * 6 + [0.95] * 6
+    fast = [0.5] * 2 + [0.8] * 10
+    trials = [curve_run(i, lr, 0, slow if lr == 1e-4 else fast) for i, lr in enumerate(lrs)]
+    [half] = order_checks(trials, "maximize", {"reduction_factor": 3}, fractions=(1 / 2,))
+    assert len(half.kept) == MAX_ORDERS
+    assert 0 in half.kept and 1 in half.kept

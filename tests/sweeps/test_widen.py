@@ -77,3 +77,19 @@ def test_widen_with_a_second_spec_that_sets_its_own_lrs_runs_both_workers(tmp_pa
     assert "fixed: no lr sub-grid" in out.stdout
     trials = optuna.load_study(study_name="fixed", storage=url).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+
+
+def test_an_inner_lr_that_failed_neither_makes_an_edge_nor_widens_the_step(spec):
+    study = optuna.create_study(direction="maximize")
+    # p=2: its lowest lr failed at every seed; the best, 1e-3, is inside the lrs tried
+    for seed in (0, 1):
+        add(study, 2, 3e-4, seed, None, state=TrialState.FAIL)
+        add(study, 2, 1e-3, seed, 0.9)
+        add(study, 2, 3e-3, seed, 0.8)
+    assert widened_points(study, spec, max_added=2) == []
+    # p=4: its middle lr failed; the best is the lowest, widened one grid step (not two) below
+    for seed in (0, 1):
+        add(study, 4, 3e-4, seed, 0.9)
+        add(study, 4, 1e-3, seed, None, state=TrialState.FAIL)
+        add(study, 4, 3e-3, seed, 0.8)
+    assert [q["model.lr"] for q in widened_points(study, spec, max_added=2)] == [9e-5, 9e-5]
