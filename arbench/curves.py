@@ -32,13 +32,14 @@ Curve = Sequence[tuple[int, float]]
 def is_converged(val: Curve, threshold: float = STOP_THRESHOLD,
                  rise: float = CONVERGED_RISE) -> bool | None:
     """The convergence verdict of a val/acc curve (None when there is no validation). A curve
-    with no validation at or before 3/4 of its last step cannot show a plateau: False."""
+    with no validation before its last one at or before 3/4 of its last step cannot show a
+    plateau: False (also one validation at step 0). A NaN value reaches no threshold."""
     if not val:
         return None
-    if max(acc for _, acc in val) >= threshold:
+    if any(acc >= threshold for _, acc in val):
         return True
     last_step, last = val[-1]
-    before = [acc for step, acc in val if step <= 0.75 * last_step]
+    before = [acc for step, acc in val[:-1] if step <= 0.75 * last_step]
     if not before:
         return False
     return last - before[-1] < rise

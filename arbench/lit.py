@@ -276,6 +276,19 @@ class LitRecall(L.LightningModule):
                     self.log(f"{prefix}/{metric_name}_{name}", value)
                 metric.reset()
 
+    def _metrics_in_fp32(self) -> None:
+        """Keep the accuracy metrics' running sums in fp32: under ``bf16-true`` / ``16-true``
+        Lightning casts the whole module, metric states included, and a bf16 sum of thousands
+        of answers stops growing (a mean of 0.80 reads 1.0)."""
+        for metric in (self.val_acc, self.example_acc, *self.slice_acc, *self.slice_example_acc):
+            metric.set_dtype(torch.float32)
+
+    def on_validation_epoch_start(self) -> None:
+        self._metrics_in_fp32()
+
+    def on_test_epoch_start(self) -> None:
+        self._metrics_in_fp32()
+
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._eval_step(batch, "val")
 

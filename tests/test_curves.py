@@ -63,3 +63,16 @@ def test_block_means_average_each_block_of_steps_at_its_last_step():
     assert block_means(losses, 25) == [(25, 13.0), (50, 38.0), (60, 55.5)]
     assert block_means([(1, 2.0 / 3.0)], 25, digits=3) == [(1, 0.667)]
     assert block_means([]) == []
+
+
+def test_one_validation_at_step_0_is_not_a_plateau():
+    # a DDP run's pruning callback reports at the epoch number: one epoch gives step 0 only;
+    # the last validation is no earlier validation to compare it with
+    assert is_converged(val([0], [0.3])) is False
+    assert is_converged(val([0, 0], [0.3, 0.305])) is True  # two at step 0: +0.5 point
+
+
+def test_a_nan_validation_does_not_hide_the_threshold():
+    nan = float("nan")
+    assert is_converged(val([250, 500], [0.995, nan])) is True
+    assert is_converged(val([250, 500], [nan, 0.995])) is True  # max() kept the first NaN

@@ -109,3 +109,17 @@ def test_bad_data_args():
         MQARDataModule(vocab_size=64, test_segments=[Segment(33, 4, 8)])
     with pytest.raises(ValueError, match="data.batch_size must be an integer >= 1"):
         MQARDataModule(vocab_size=64, batch_size=0)
+
+
+@pytest.mark.parametrize("hook", ["on_validation_epoch_start", "on_test_epoch_start"])
+def test_accuracy_sums_stay_fp32_when_the_module_is_cast(hook):
+    """Under ``bf16-true`` Lightning casts the module, metric states too; a bf16 running sum of
+    512,000 answers at 80 % would read 1.0. The evaluation hooks put the sums back in fp32."""
+    model = tiny_model().to(torch.bfloat16)
+    assert model.val_acc.mean_value.dtype == torch.bfloat16  # what the cast does
+    getattr(model, hook)()
+    for _ in range(2000):
+        model.val_acc.update(torch.full((256,), 0.8))
+        model.example_acc.update(torch.full((256,), 0.8))
+    assert model.val_acc.compute().item() == pytest.approx(0.8, abs=1e-4)
+    assert model.example_acc.compute().item() == pytest.approx(0.8, abs=1e-4)
