@@ -39,7 +39,16 @@ from optuna.trial import TrialState
 
 from arbench.objective import ACC
 from arbench.tables import markdown_row, markdown_table
-from sweeps.trials import LR, SEED, Trials, best_lr, by_point_and_lr, objective_curve
+from sweeps.trials import (
+    LR,
+    SEED,
+    Trials,
+    best_lr,
+    best_of_means,
+    beyond_grid,
+    by_point_and_lr,
+    objective_curve,
+)
 
 
 @dataclass
@@ -70,24 +79,6 @@ def longest_run(trials: Trials) -> int:
 def halving_args(trials: Trials) -> dict[str, Any]:
     """The replay's pruner arguments: reduction factor 3, one rung at half the longest run."""
     return {"reduction_factor": 3, "min_resource": max(1, longest_run(trials) // 2)}
-
-
-def beyond_grid(lr: Any, grid_lrs: Sequence[float] | None) -> bool:
-    """Whether ``lr`` lies outside the spec's ``grid_lrs`` (an lr ``--widen`` added), which
-    the live pruner never stops (:meth:`sweeps.pruning.BracketPruner.widened`)."""
-    return grid_lrs is not None and lr is not None and not any(
-        math.isclose(float(lr), float(g), rel_tol=1e-9) for g in grid_lrs)
-
-
-def best_mean_lr(means: dict[float, float], maximize: bool) -> float:
-    """The lr of the best mean; of lrs that tie exactly, the one nearest the middle of the
-    lrs, as :func:`~sweeps.trials.best_lr` picks the full grid's."""
-    sign = 1 if maximize else -1
-    top = max(sign * m for m in means.values())
-    order = sorted(means)
-    middle = (len(order) - 1) / 2
-    return min((lr for lr in order if sign * means[lr] == top),
-               key=lambda lr: (abs(order.index(lr) - middle), lr))
 
 
 def replay_bracket(runs: Trials, direction: str, args: dict[str, Any],
@@ -147,7 +138,7 @@ def replay(trials: Trials, direction: str = "maximize", args: dict[str, Any] | N
                  for lr, runs in by_lr.items()}
         out.append(PointReplay(
             point=point, best_full=best_lr(by_lr, maximize),
-            best_halving=best_mean_lr(means, maximize),
+            best_halving=best_of_means(means, maximize),
             steps_full=sum(int(t.user_attrs.get("global_step") or 0)
                            for runs in by_lr.values() for t in runs),
             steps_halving=sum(v[1] for v in reached.values()),

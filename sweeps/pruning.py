@@ -6,7 +6,6 @@ against the trials of its own bracket on a grid (:class:`BracketPruner`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import optuna
@@ -14,7 +13,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
-from sweeps.trials import LR, point_key
+from sweeps.trials import LR, beyond_grid, point_key
 
 BRACKET_FREE = (LR,)
 """The param a bracket varies: its trials share every other grid value (point and seed)."""
@@ -56,9 +55,7 @@ class BracketPruner(optuna.pruners.BasePruner):
         tests whether an edge lr is the best, so it runs its whole budget. Under halving it
         would otherwise meet runs that are already finished at every rung, and a lower lr,
         slower to start, would be stopped at the first."""
-        lr = trial.params.get("model.lr")
-        return self.grid_lrs is not None and lr is not None and not any(
-            math.isclose(float(lr), g, rel_tol=1e-9) for g in self.grid_lrs)
+        return beyond_grid(trial.params.get(LR), self.grid_lrs)
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if self.widened(trial):

@@ -30,7 +30,6 @@ then, not trained twice. A point already begun (it has a ``last.ckpt``) carries 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -44,7 +43,7 @@ from arbench.defaults import DEFAULT_PRECISION
 from arbench.objective import ACC, summary_value
 from sweeps.command import trial_args
 from sweeps.spec import SweepSpec
-from sweeps.trials import LR, RESULTS, study_metric
+from sweeps.trials import LR, RESULTS, beyond_grid, study_metric
 
 IGNORED = (("trainer", "logger"), ("trainer", "enable_progress_bar"),
            ("trainer", "enable_model_summary"), ("config",), ("ckpt_path",),
@@ -189,9 +188,7 @@ def reuse_trial(point: dict[str, Any], source: Source,
 def runs_whole_budget(spec: SweepSpec, point: dict[str, Any]) -> bool:
     """Whether ``spec``'s pruner never stops ``point``'s run: on a grid, an lr beyond the spec's
     ``lr:`` sub-grid (``--widen``'s), as :meth:`sweeps.pruning.BracketPruner.widened` says."""
-    lr = point.get(LR)
-    return spec.sampler == "grid" and bool(spec.lr) and lr is not None and not any(
-        math.isclose(float(lr), float(g), rel_tol=1e-9) for g in spec.lr)
+    return spec.sampler == "grid" and beyond_grid(point.get(LR), spec.lr or None)
 
 
 def same_experiments(spec: SweepSpec, points: list[dict[str, Any]],

@@ -9,9 +9,10 @@ or writes a storage; every function takes trials already loaded.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import optuna
@@ -178,14 +179,26 @@ def best_lr(by_lr: dict[float, Trials], maximize: bool = True) -> float:
     """The lr whose trials have the best mean objective (over seeds, :func:`run_value`); of
     lrs that tie exactly (every run at 100 %), the one nearest the middle of the lrs tried, so
     a tie never puts the best lr at a grid edge (nor widens the grid there)."""
+    return best_of_means({lr: statistics.fmean(run_value(t, maximize) for t in runs)
+                          for lr, runs in by_lr.items()}, maximize)
+
+
+def best_of_means(means: dict[float, float], maximize: bool = True) -> float:
+    """The lr of the best mean objective in ``means`` (``{lr: mean}``); of lrs that tie
+    exactly, the one nearest the middle of the lrs (:func:`best_lr`'s rule)."""
     sign = 1 if maximize else -1
-    score = {lr: sign * statistics.fmean(run_value(t, maximize) for t in runs)
-             for lr, runs in by_lr.items()}
-    top = max(score.values())
-    order = sorted(by_lr)
+    top = max(sign * m for m in means.values())
+    order = sorted(means)
     middle = (len(order) - 1) / 2
-    return min((lr for lr in order if score[lr] == top),
+    return min((lr for lr in order if sign * means[lr] == top),
                key=lambda lr: (abs(order.index(lr) - middle), lr))
+
+
+def beyond_grid(lr: Any, grid_lrs: Sequence[float] | None) -> bool:
+    """Whether ``lr`` lies outside a spec's ``lr:`` sub-grid ``grid_lrs`` (an lr ``--widen``
+    added), which the grid's pruner never stops; False without a sub-grid or an lr."""
+    return grid_lrs is not None and lr is not None and not any(
+        math.isclose(float(lr), float(g), rel_tol=1e-9) for g in grid_lrs)
 
 
 def unresolved_failures(trials: Trials) -> Trials:
